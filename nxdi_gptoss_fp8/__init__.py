@@ -1,0 +1,60 @@
+"""nxdi-gptoss-fp8: load pre-quantized, normalized static-FP8 GPT-OSS checkpoints into AWS
+NeuronX Distributed Inference (NxDI) without conversion, after a fail-closed preflight.
+
+Importing this package imports neither NxDI nor torch; the validator is stdlib only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import (
+    CheckpointFormatError,
+    ConversionError,
+    IntegrityError,
+    LoadError,
+    NxdiGptossFp8Error,
+    PreflightError,
+    RegistrationError,
+)
+from .findings import CHECKS, Finding, PreflightReport, Severity
+from .format import FORMAT_NAME, FORMAT_VERSION
+from .preflight import preflight
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CHECKS",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "CheckpointFormatError",
+    "ConversionError",
+    "Finding",
+    "IntegrityError",
+    "LoadError",
+    "NxdiGptossFp8Error",
+    "PreflightError",
+    "PreflightReport",
+    "RegistrationError",
+    "Severity",
+    "__version__",
+    "preflight",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy access to the parts that need torch or NxDI, so importing stays light."""
+    lazy = {
+        "register": ("nxdi_hook", "register"),
+        "unregister": ("nxdi_hook", "unregister"),
+        "is_registered": ("nxdi_hook", "is_registered"),
+        "load_state_dict": ("loader", "load_state_dict"),
+        "convert": ("convert", "convert"),
+        "make_tiny": ("tiny", "make_tiny"),
+    }
+    if name in lazy:
+        import importlib
+
+        module_name, attr = lazy[name]
+        return getattr(importlib.import_module(f".{module_name}", __name__), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,207 @@
+"""``nxdi-gptoss-fp8``: validate, inspect, make and convert normalized FP8 GPT-OSS checkpoints.
+
+A thin face over the library: each command parses its arguments, calls one library function
+and renders the result. Data goes to stdout, messages to stderr. Exit codes: 0 success /
+valid, 1 findings or a failed check, 2 usage error or unreadable input. Known errors print one
+line; set NXDI_GPTOSS_FP8_DEBUG=1 for tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from . import format as fmt
+from .errors import NxdiGptossFp8Error
+from .preflight import allow_custom_from_env, preflight
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+TEXT_FINDINGS_LIMIT = 50
+
+
+class UsageError(Exception):
+    """A command-line input that cannot be used (exit 2)."""
+
+
+def _load_neuron_config(path: str | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except OSError as exc:
+        raise UsageError(f"cannot read --neuron-config {path}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--neuron-config {path} is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise UsageError(f"--neuron-config {path} must hold a JSON object of NeuronConfig attributes")
+    return document
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    neuron_config = _load_neuron_config(args.neuron_config)
+    report = preflight(
+        args.path,
+        neuron_config=neuron_config,
+        allow_custom_model=args.allow_custom_model or allow_custom_from_env(),
+    )
+    if args.json:
+        print(report.to_json())
+    else:
+        print(report.render_text(limit=None if args.all else TEXT_FINDINGS_LIMIT))
+    return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .summary import inspect_checkpoint
+
+    summary = inspect_checkpoint(args.path, allow_custom_model=True)
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2))
+    else:
+        print(summary.render_text())
+    return EXIT_OK if summary.report.ok else EXIT_FINDINGS
+
+
+def _cmd_make_tiny(args: argparse.Namespace) -> int:
+    from .tiny import TINY_DIMS, make_tiny
+
+    dims = fmt.ModelDims(**{
+        field: getattr(args, field) if getattr(args, field) is not None else getattr(TINY_DIMS, field)
+        for field in fmt.ModelDims.__dataclass_fields__
+    })
+    try:
+        out = make_tiny(
+            args.out, dims=dims, padded_hidden_size=args.padded_hidden_size,
+            padded_intermediate_size=args.padded_intermediate_size,
+            max_shard_size=_size(args.max_shard_size), seed=args.seed, overwrite=args.overwrite,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    report = preflight(out, allow_custom_model=True)
+    print(f"wrote {out}")
+    print(report.render_text())
+    return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return EXIT_OK if run_demo() else EXIT_FINDINGS
+
+
+def _size(text: str) -> int:
+    from .writer import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nxdi-gptoss-fp8",
+        description=(
+            "Validate, inspect, make and convert normalized static-FP8 GPT-OSS checkpoints for "
+            "AWS NeuronX Distributed Inference. Validation reads headers only and needs no "
+            "Neuron SDK: run it on any host before you load."
+        ),
+        epilog="Exit codes: 0 valid/success, 1 findings or failed check, 2 usage error or unreadable input.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    validate = commands.add_parser(
+        "validate", help="check a checkpoint directory against the format (fail-closed preflight)",
+        description=(
+            "Run the preflight: config, index, every shard header, ownership, collisions, the "
+            "exact namespace, dtypes and shapes, scale sidecars and scale values. Reads headers "
+            "and scales only. Every finding is listed with its file, key and the fix."
+        ),
+    )
+    validate.add_argument("path", help="the checkpoint directory (holds model.safetensors.index.json)")
+    validate.add_argument("--json", action="store_true", help="print the report as JSON (ok, summary, findings)")
+    validate.add_argument("--all", action="store_true", help=f"list every finding (text output shows the first {TEXT_FINDINGS_LIMIT})")
+    validate.add_argument("--neuron-config", metavar="FILE.json",
+                          help="NxDI NeuronConfig attributes as JSON (flat, or nested under \"neuron_config\" "
+                               "as NxDI saves it): also check that NxDI will run this checkpoint as configured")
+    validate.add_argument("--allow-custom-model", action="store_true",
+                          help=f"accept model_profile 'custom' (tiny test models); also {fmt.ALLOW_CUSTOM_ENV}=1")
+    validate.set_defaults(handler=_cmd_validate)
+
+    inspect = commands.add_parser(
+        "inspect", help="summarize a checkpoint: shards, tensors, bytes by dtype, profile, padding",
+        description="A readable summary of a checkpoint directory and its preflight verdict (custom profiles accepted).",
+    )
+    inspect.add_argument("path", help="the checkpoint directory")
+    inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    inspect.set_defaults(handler=_cmd_inspect)
+
+    tiny = commands.add_parser(
+        "make-tiny", help="write a valid tiny custom-profile checkpoint (needs torch)",
+        description="Write a tiny, valid normalized checkpoint with random values, for tests and demos. "
+                    "Dimensions default to a 2-layer, 4-expert, 64-wide model.",
+    )
+    tiny.add_argument("out", help="output directory (must be empty or absent)")
+    for field, flag, meaning in (
+        ("num_hidden_layers", "--layers", "decoder layers"),
+        ("num_local_experts", "--experts", "experts per layer"),
+        ("hidden_size", "--hidden-size", "hidden size H"),
+        ("intermediate_size", "--intermediate-size", "expert intermediate size I"),
+        ("head_dim", "--head-dim", "attention head dim"),
+        ("num_attention_heads", "--heads", "query heads"),
+        ("num_key_value_heads", "--kv-heads", "key/value heads"),
+        ("vocab_size", "--vocab-size", "vocabulary size"),
+        ("num_experts_per_tok", "--experts-per-token", "experts per token"),
+        ("sliding_window", "--sliding-window", "sliding window"),
+    ):
+        tiny.add_argument(flag, dest=field, type=int, metavar="N", help=meaning)
+    tiny.add_argument("--padded-hidden-size", type=int, metavar="N", help="H' (H plus a multiple of 32)")
+    tiny.add_argument("--padded-intermediate-size", type=int, metavar="N", help="I' (I plus a multiple of 32)")
+    tiny.add_argument("--max-shard-size", default="64KB", help="largest shard (default 64KB, so even a tiny model has several)")
+    tiny.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    tiny.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    tiny.set_defaults(handler=_cmd_make_tiny)
+
+    demo = commands.add_parser(
+        "demo", help="make a tiny checkpoint, validate it, corrupt copies and show the findings",
+        description="No arguments: everything happens in a temporary directory that is removed afterwards.",
+    )
+    demo.set_defaults(handler=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = os.environ.get("NXDI_GPTOSS_FP8_DEBUG", "") not in ("", "0")
+    try:
+        return int(args.handler(args))
+    except UsageError as exc:
+        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except NxdiGptossFp8Error as exc:
+        if debug:
+            raise
+        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FINDINGS
+    except OSError as exc:
+        if debug:
+            raise
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"nxdi-gptoss-fp8 {args.command}: cannot access{where}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

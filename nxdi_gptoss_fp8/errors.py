@@ -1,0 +1,44 @@
+"""The package's exception types. Every message says what is wrong, where, and how to fix it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .findings import PreflightReport
+
+
+class NxdiGptossFp8Error(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class PreflightError(NxdiGptossFp8Error):
+    """The preflight found errors; ``report`` holds every finding, the message lists them."""
+
+    def __init__(self, report: PreflightReport) -> None:
+        super().__init__(report.render_text())
+        self.report = report
+
+    @property
+    def codes(self) -> list[str]:
+        return [finding.code for finding in self.report.errors]
+
+
+class CheckpointFormatError(NxdiGptossFp8Error):
+    """CHECKPOINT_FORMAT or the NxDI ``checkpoint_format`` opt-in is misspelled or contradictory."""
+
+
+class IntegrityError(NxdiGptossFp8Error):
+    """A shard changed between the preflight and the load, or a digest does not match."""
+
+
+class LoadError(NxdiGptossFp8Error):
+    """The checkpoint cannot be loaded as asked (a wrong call, not a malformed checkpoint)."""
+
+
+class ConversionError(NxdiGptossFp8Error):
+    """A source checkpoint cannot be converted (unknown layout, bad tensor, existing output)."""
+
+
+class RegistrationError(NxdiGptossFp8Error):
+    """The installed NxDI does not have what the hook wraps; nothing was patched."""

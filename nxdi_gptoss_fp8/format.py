@@ -1,0 +1,382 @@
+"""The normalized static-FP8 GPT-OSS checkpoint format, version 1, as code.
+
+This module is the single source of truth for the contract in
+``normalized-fp8-format.md``: the index metadata, the model profiles and the exact tensor
+namespace (names, shapes, dtypes) that a checkpoint must hold. The preflight, the loader and
+the converter all derive what they expect from here. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+FORMAT_NAME = "nxdi_gptoss_normalized_fp8"
+FORMAT_VERSION = 1
+QUANT_METHOD = FORMAT_NAME
+QUANTIZATION_TYPE = "expert_wise_per_channel_symmetric"
+QUANTIZATION_DTYPE = "f8e4m3"
+FP8_MAX = 240.0
+PAD_MULTIPLE = 32
+MODEL_TYPE = "gpt_oss"
+ARCHITECTURE = "GptOssForCausalLM"
+
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+
+PROFILE_120B = "gpt-oss-120b"
+PROFILE_20B = "gpt-oss-20b"
+PROFILE_CUSTOM = "custom"
+ALLOW_CUSTOM_ENV = "NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL"
+
+# safetensors dtype names used by the format.
+BF16 = "BF16"
+F32 = "F32"
+F8_E4M3 = "F8_E4M3"
+
+EXPERT_PREFIX = "feed_forward.moe.expert_mlps.mlp_op"
+GATE_UP = f"{EXPERT_PREFIX}.gate_up_proj"
+DOWN = f"{EXPERT_PREFIX}.down_proj"
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The dimensions of a GPT-OSS model, named as in its Hugging Face ``config.json``."""
+
+    num_hidden_layers: int
+    num_local_experts: int
+    hidden_size: int
+    intermediate_size: int
+    head_dim: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    num_experts_per_tok: int
+    sliding_window: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+PROFILES: dict[str, ModelDims] = {
+    PROFILE_120B: ModelDims(
+        num_hidden_layers=36, num_local_experts=128, hidden_size=2880, intermediate_size=2880,
+        head_dim=64, num_attention_heads=64, num_key_value_heads=8, vocab_size=201088,
+        num_experts_per_tok=4, sliding_window=128,
+    ),
+    PROFILE_20B: ModelDims(
+        num_hidden_layers=24, num_local_experts=32, hidden_size=2880, intermediate_size=2880,
+        head_dim=64, num_attention_heads=64, num_key_value_heads=8, vocab_size=201088,
+        num_experts_per_tok=4, sliding_window=128,
+    ),
+}
+PROFILE_NAMES = (PROFILE_120B, PROFILE_20B, PROFILE_CUSTOM)
+
+# Alternative spellings that GPT-OSS configs use for the same field (NxDI accepts both).
+CONFIG_FIELD_ALIASES: dict[str, tuple[str, ...]] = {
+    "num_local_experts": ("num_local_experts", "num_experts"),
+    "num_experts_per_tok": ("num_experts_per_tok", "experts_per_token"),
+}
+
+
+class ConfigFieldError(ValueError):
+    """A ``config.json`` field needed for the namespace is missing or not a positive integer."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def dims_from_config(config: Mapping[str, Any]) -> ModelDims:
+    """Read the model dimensions from a parsed ``config.json``.
+
+    Raises ``ConfigFieldError`` naming the first field that is missing or is not a positive
+    integer (booleans and floats are refused: a dimension of ``2880.0`` is a broken config).
+    """
+    values: dict[str, int] = {}
+    for field in ModelDims.__dataclass_fields__:
+        names = CONFIG_FIELD_ALIASES.get(field, (field,))
+        present = [name for name in names if name in config]
+        if not present:
+            raise ConfigFieldError(field, "missing")
+        value = config[present[0]]
+        if type(value) is not int or value <= 0:
+            raise ConfigFieldError(present[0], f"must be a positive integer, found {value!r}")
+        values[field] = value
+    return ModelDims(**values)
+
+
+def profile_for_dims(dims: ModelDims) -> str:
+    """The name of the published profile with exactly these dimensions, else ``custom``."""
+    for name, profile in PROFILES.items():
+        if profile == dims:
+            return name
+    return PROFILE_CUSTOM
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor the format requires: its name, shape and safetensors dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BITS[self.dtype] // 8
+
+
+# Bits per element of every safetensors dtype; the header reader and the format share it.
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything that fixes the namespace: the model dimensions and the padded sizes."""
+
+    dims: ModelDims
+    padded_hidden_size: int
+    padded_intermediate_size: int
+
+    @classmethod
+    def unpadded(cls, dims: ModelDims) -> Layout:
+        return cls(dims, dims.hidden_size, dims.intermediate_size)
+
+    def padding_problems(self) -> list[str]:
+        """Why these padded sizes are not allowed (empty when they are)."""
+        problems = []
+        for label, padded, base in (
+            ("padded_hidden_size", self.padded_hidden_size, self.dims.hidden_size),
+            ("padded_intermediate_size", self.padded_intermediate_size,
+             self.dims.intermediate_size),
+        ):
+            if padded < base:
+                problems.append(f"{label}={padded} is smaller than the model's {base}")
+            elif (padded - base) % PAD_MULTIPLE:
+                problems.append(
+                    f"{label}={padded} exceeds {base} by {padded - base}, "
+                    f"not a multiple of {PAD_MULTIPLE}"
+                )
+        return problems
+
+
+def layer_prefix(layer: int) -> str:
+    return f"layers.{layer}."
+
+
+def global_specs(layout: Layout) -> list[TensorSpec]:
+    d, hp = layout.dims, layout.padded_hidden_size
+    return [
+        TensorSpec("embed_tokens.weight", (d.vocab_size, hp), BF16),
+        TensorSpec("lm_head.weight", (d.vocab_size, hp), BF16),
+        TensorSpec("norm.weight", (hp,), BF16),
+    ]
+
+
+def layer_specs(layout: Layout, layer: int) -> list[TensorSpec]:
+    """The 19 tensors of decoder layer ``layer``, in the order of the format's §3 table."""
+    d, hp, ip = layout.dims, layout.padded_hidden_size, layout.padded_intermediate_size
+    q, kv, e = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.num_local_experts
+    rows = [
+        ("input_layernorm.weight", (hp,), BF16),
+        ("post_attention_layernorm.weight", (hp,), BF16),
+        ("self_attn.q_proj.weight", (q, hp), BF16),
+        ("self_attn.q_proj.bias", (q,), BF16),
+        ("self_attn.k_proj.weight", (kv, hp), BF16),
+        ("self_attn.k_proj.bias", (kv,), BF16),
+        ("self_attn.v_proj.weight", (kv, hp), BF16),
+        ("self_attn.v_proj.bias", (kv,), BF16),
+        ("self_attn.o_proj.weight", (hp, q), BF16),
+        ("self_attn.o_proj.bias", (hp,), BF16),
+        ("self_attn.learned_sinks.sink", (d.num_attention_heads,), BF16),
+        ("feed_forward.moe.router.linear_router.weight", (e, hp), BF16),
+        ("feed_forward.moe.router.linear_router.bias", (e,), BF16),
+        (f"{GATE_UP}.weight", (e, hp, 2 * ip), F8_E4M3),
+        (f"{GATE_UP}.scale", (e, 1, 2 * ip), F32),
+        (f"{GATE_UP}.bias", (e, 2 * ip), BF16),
+        (f"{DOWN}.weight", (e, ip, hp), F8_E4M3),
+        (f"{DOWN}.scale", (e, 1, hp), F32),
+        (f"{DOWN}.bias", (e, hp), BF16),
+    ]
+    prefix = layer_prefix(layer)
+    return [TensorSpec(prefix + name, shape, dtype) for name, shape, dtype in rows]
+
+
+def expected_namespace(layout: Layout) -> dict[str, TensorSpec]:
+    """Every tensor of a valid checkpoint with this layout, keyed by name (global first)."""
+    specs = global_specs(layout)
+    for layer in range(layout.dims.num_hidden_layers):
+        specs.extend(layer_specs(layout, layer))
+    return {spec.name: spec for spec in specs}
+
+
+def expected_total_size(layout: Layout) -> int:
+    return sum(spec.nbytes for spec in expected_namespace(layout).values())
+
+
+def scale_key_for(weight_key: str) -> str | None:
+    """The sidecar scale key of an FP8 expert weight key (``…proj.weight`` → ``…proj.scale``)."""
+    if weight_key.endswith(".weight"):
+        return weight_key[: -len("weight")] + "scale"
+    return None
+
+
+def weight_key_for(scale_key: str) -> str | None:
+    if scale_key.endswith(".scale"):
+        return scale_key[: -len("scale")] + "weight"
+    return None
+
+
+def is_expert_weight(key: str) -> bool:
+    return key.endswith((f"{GATE_UP}.weight", f"{DOWN}.weight"))
+
+
+def is_expert_scale(key: str) -> bool:
+    return key.endswith((f"{GATE_UP}.scale", f"{DOWN}.scale"))
+
+
+def expert_pairs(layout: Layout) -> list[tuple[str, str]]:
+    """(FP8 weight key, scale key) for every expert projection of every layer."""
+    pairs = []
+    for layer in range(layout.dims.num_hidden_layers):
+        prefix = layer_prefix(layer)
+        for proj in (GATE_UP, DOWN):
+            pairs.append((f"{prefix}{proj}.weight", f"{prefix}{proj}.scale"))
+    return pairs
+
+
+# Entries NxDI's conversion derives from the runtime config (format §4): never stored.
+_DERIVED_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^rank_util\.rank$"), "derived from tp_degree"),
+    (re.compile(r"^layers\.\d+\.self_attn\.rank_util\.rank$"), "derived from tp_degree"),
+    (re.compile(r"^embed_tokens\.rank_util\.rank$"), "derived from vocab_parallel"),
+    (re.compile(r"^layers\.\d+\.self_attn\.tkg_learned_sinks\.sink$"),
+     "derived when attention_dp_degree != cp_degree"),
+    (re.compile(r"^lm_head\.bias$"), "derived from NxDI's lm_head padding rule"),
+    (re.compile(r"^layers\.\d+\.self_attn\.Wqkv\.(weight|bias|scale)$"), "derived from fused_qkv"),
+    (re.compile(r"(^|\.)(input_layernorm|post_attention_layernorm|norm)\.weight_unpadded$"),
+     "derived from the padded sizes"),
+)
+
+
+def derived_reason(key: str) -> str | None:
+    """Why ``key`` is a runtime-derived entry that must not be stored, or None."""
+    for pattern, reason in _DERIVED_PATTERNS:
+        if pattern.search(key):
+            return reason
+    return None
+
+
+HF_HINT = (
+    "this looks like an HF (MXFP4/BF16) checkpoint: unset CHECKPOINT_FORMAT to load it with "
+    "NxDI's HF converter, or convert it with `nxdi-gptoss-fp8 convert`"
+)
+LEGACY_HINT = (
+    "this looks like an OpenAI 'original' (legacy block.N.*) checkpoint: set "
+    "CHECKPOINT_FORMAT=legacy (or any value other than hf/normalized_fp8) to use NxDI's legacy "
+    "converter"
+)
+_FOREIGN_PATTERNS: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (re.compile(r"^model\."), "hf_name", HF_HINT),
+    (re.compile(r"_(blocks|scales)$"), "hf_name", HF_HINT),
+    (re.compile(r"\.mlp\.(experts|router)\."), "hf_name", HF_HINT),
+    (re.compile(r"\.self_attn\.sinks$"), "hf_name", HF_HINT),
+    (re.compile(r"^block\.\d+\."), "legacy_name", LEGACY_HINT),
+    (re.compile(r"^(embedding|unembedding)\.weight$|^norm\.scale$"), "legacy_name", LEGACY_HINT),
+)
+
+
+def foreign_name(key: str) -> tuple[str, str] | None:
+    """(code, hint) when ``key`` is an HF or legacy GPT-OSS name rather than a normalized one."""
+    for pattern, code, hint in _FOREIGN_PATTERNS:
+        if pattern.search(key):
+            return code, hint
+    return None
+
+
+def is_stray_scale(key: str) -> bool:
+    """A ``*scale*`` tensor that is not one of the two expert ``.scale`` sidecars of a layer."""
+    return "scale" in key.rsplit(".", 1)[-1] and not is_expert_scale(key)
+
+
+# Index metadata (format §2): field → required type. Optional fields are listed separately.
+REQUIRED_METADATA: dict[str, type] = {
+    "format": str,
+    "format_version": int,
+    "total_size": int,
+    "model_profile": str,
+    "padded_hidden_size": int,
+    "padded_intermediate_size": int,
+    "quantization_type": str,
+    "quantization_dtype": str,
+    "fp8_max": float,
+}
+OPTIONAL_METADATA: dict[str, type] = {"shard_sha256": dict, "source": dict}
+
+
+def index_metadata(
+    layout: Layout,
+    profile: str,
+    *,
+    shard_sha256: Mapping[str, str] | None = None,
+    source: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The index ``metadata`` object a writer emits for a checkpoint with this layout."""
+    metadata: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "total_size": expected_total_size(layout),
+        "model_profile": profile,
+        "padded_hidden_size": layout.padded_hidden_size,
+        "padded_intermediate_size": layout.padded_intermediate_size,
+        "quantization_type": QUANTIZATION_TYPE,
+        "quantization_dtype": QUANTIZATION_DTYPE,
+        "fp8_max": FP8_MAX,
+    }
+    if shard_sha256 is not None:
+        metadata["shard_sha256"] = dict(shard_sha256)
+    if source is not None:
+        metadata["source"] = dict(source)
+    return metadata
+
+
+def hf_config(dims: ModelDims, **extra: Any) -> dict[str, Any]:
+    """A ``config.json`` for a normalized checkpoint with these dimensions.
+
+    Its ``quantization_config`` names this format, so no tool mistakes the FP8 bytes for MXFP4.
+    """
+    config: dict[str, Any] = {
+        "architectures": [ARCHITECTURE],
+        "model_type": MODEL_TYPE,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        **dims.as_dict(),
+        "experts_per_token": dims.num_experts_per_tok,
+        "quantization_config": {
+            "quant_method": QUANT_METHOD,
+            "quantization_type": QUANTIZATION_TYPE,
+            "quantization_dtype": QUANTIZATION_DTYPE,
+            "fp8_max": FP8_MAX,
+        },
+    }
+    config.update(extra)
+    return config

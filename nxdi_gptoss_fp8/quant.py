@@ -1,0 +1,33 @@
+"""Expert-wise, per-output-channel symmetric FP8-E4M3 quantization within Neuron's ±240.
+
+``W[e, :, c] ≈ float(q[e, :, c]) × scale[e, 0, c]`` with ``|q| ≤ 240``: the layout NxD's
+``expert_wise_per_channel_symmetric`` layers consume (format §3). Requires torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .format import FP8_MAX
+
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+def quantize_expertwise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``weight`` [E, in, out] to (FP8 [E, in, out], float32 scale [E, 1, out]).
+
+    The scale is the channel's absolute maximum over the input dim divided by 240; an all-zero
+    channel (padding) gets scale 1.0, because a scale must be finite and > 0.
+    """
+    if weight.dim() != 3:
+        raise ValueError(f"expected an [experts, in, out] tensor, got shape {list(weight.shape)}")
+    w = weight.float()
+    amax = w.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale.contiguous()
+
+
+def dequantize_expertwise(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 ``q × scale``, broadcast over the input dim."""
+    return q.float() * scale.float()

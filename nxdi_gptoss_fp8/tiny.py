@@ -1,0 +1,111 @@
+"""Tiny, valid normalized checkpoints (custom profile) for demos and tests. Requires torch.
+
+The values are random but real: BF16 tensors drawn from a seeded generator, expert weights
+quantized expert-wise per channel to FP8 within ±240, padded rows and columns zero.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import format as fmt
+from .quant import quantize_expertwise
+from .writer import CheckpointWriter
+
+TINY_DIMS = fmt.ModelDims(
+    num_hidden_layers=2, num_local_experts=4, hidden_size=64, intermediate_size=64,
+    head_dim=16, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+    num_experts_per_tok=2, sliding_window=8,
+)
+TINY_MAX_SHARD_SIZE = 64_000
+
+
+def tiny_config(dims: fmt.ModelDims) -> dict:
+    """A complete GPT-OSS ``config.json`` for these dimensions (what NxDI's config requires)."""
+    return fmt.hf_config(
+        dims,
+        attention_bias=True,
+        hidden_act="silu",
+        initial_context_length=4096,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-05,
+        rope_theta=150000,
+        rope_scaling={"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                      "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+        pad_token_id=dims.vocab_size - 1,
+        eos_token_id=dims.vocab_size - 2,
+        swiglu_limit=7.0,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention"
+                     for i in range(dims.num_hidden_layers)],
+    )
+
+
+def _padded(values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    out = torch.zeros(shape, dtype=values.dtype)
+    out[tuple(slice(0, n) for n in values.shape)] = values
+    return out
+
+
+def tiny_tensors(layout: fmt.Layout, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every tensor of the namespace, with random values and zero padding."""
+    dims, generator = layout.dims, torch.Generator().manual_seed(seed)
+    h, i = dims.hidden_size, dims.intermediate_size
+    hp, ip = layout.padded_hidden_size, layout.padded_intermediate_size
+
+    def unpadded_shape(spec: fmt.TensorSpec) -> tuple[int, ...]:
+        sizes = {hp: h, 2 * ip: 2 * i, ip: i} if (hp, ip) != (h, i) else {}
+        return tuple(sizes.get(n, n) for n in spec.shape)
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, spec in fmt.expected_namespace(layout).items():
+        if spec.dtype == fmt.F32:
+            continue  # scales come with their weight
+        shape = unpadded_shape(spec)
+        if name.endswith(f"{fmt.GATE_UP}.weight"):
+            # gate and up halves are each padded to I' (chunked layout)
+            gate, up = torch.randn((dims.num_local_experts, h, 2 * i), generator=generator).chunk(2, dim=2)
+            dense = torch.cat([_padded(gate, (gate.shape[0], hp, ip)), _padded(up, (up.shape[0], hp, ip))], dim=2)
+        elif name.endswith(f"{fmt.GATE_UP}.bias"):
+            gate, up = (0.1 * torch.randn((dims.num_local_experts, 2 * i), generator=generator)).chunk(2, dim=1)
+            dense = torch.cat([_padded(gate, (gate.shape[0], ip)), _padded(up, (up.shape[0], ip))], dim=1)
+        else:
+            scale = 1.0 if "layernorm" in name or name == "norm.weight" else 0.05
+            values = scale * torch.randn(shape, generator=generator)
+            if "layernorm" in name or name == "norm.weight":
+                values = 1.0 + 0.1 * values
+            dense = _padded(values, spec.shape)
+        if spec.dtype == fmt.F8_E4M3:
+            q, s = quantize_expertwise(dense)
+            tensors[name] = q
+            tensors[fmt.scale_key_for(name)] = s  # type: ignore[index]
+        else:
+            tensors[name] = dense.to(torch.bfloat16)
+    return tensors
+
+
+def make_tiny(
+    out: str | os.PathLike[str],
+    *,
+    dims: fmt.ModelDims = TINY_DIMS,
+    padded_hidden_size: int | None = None,
+    padded_intermediate_size: int | None = None,
+    max_shard_size: int = TINY_MAX_SHARD_SIZE,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> str:
+    """Write a valid tiny normalized checkpoint to ``out`` (custom profile unless the
+    dimensions are a published profile's); returns the directory."""
+    layout = fmt.Layout(dims, padded_hidden_size or dims.hidden_size, padded_intermediate_size or dims.intermediate_size)
+    problems = layout.padding_problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    tensors = tiny_tensors(layout, seed=seed)
+    profile = fmt.profile_for_dims(dims)
+    source = {"generator": "nxdi-gptoss-fp8 make-tiny", "seed": seed}
+    with CheckpointWriter(out, layout, profile, tiny_config(dims), max_shard_size=max_shard_size,
+                          source=source, overwrite=overwrite) as writer:
+        for name, tensor in tensors.items():
+            writer.put(name, tensor)
+        return writer.commit()

@@ -1,0 +1,291 @@
+"""Write a normalized checkpoint: shard plan and headers up front, data streamed, index last.
+
+Every shard's header is computed from the format's namespace before any data exists, so the
+file is created at its final size and each tensor (or any chunk of one) is written at its
+offset as soon as it is ready: memory never holds more than the caller's chunk. Everything
+goes into a hidden temporary directory beside the output; ``commit`` checks that every byte
+was written, writes ``config.json`` and the index last, and renames the directory into place.
+An interrupted write therefore never leaves a directory that passes the preflight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from . import format as fmt
+from .errors import ConversionError
+
+DEFAULT_MAX_SHARD_SIZE = 5_000_000_000
+_ALIGNMENT = 8
+_DTYPE_ORDER = {"F64": 0, "I64": 0, "U64": 0, "F32": 1, "I32": 1, "U32": 1, "BF16": 2, "F16": 2}
+
+
+def parse_size(text: str | int) -> int:
+    """``"5GB"`` → 5_000_000_000; accepts KB/MB/GB/TB (powers of 1000) and KiB/MiB/GiB/TiB."""
+    if isinstance(text, int):
+        return text
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    stripped = text.strip().upper().replace(" ", "")
+    number = stripped.rstrip("KMGTIB")
+    unit = stripped[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise ValueError(f"cannot read a size from {text!r} (examples: 5GB, 500MB, 2GiB)")
+    return int(value * units[unit])
+
+
+def shard_units(layout: fmt.Layout) -> list[list[fmt.TensorSpec]]:
+    """Groups of tensors that stay in one shard: each global, a layer's non-expert tensors,
+    and each expert projection with its scale and bias (a weight and its scale share a shard)."""
+    globals_ = {spec.name: spec for spec in fmt.global_specs(layout)}
+    units: list[list[fmt.TensorSpec]] = [[globals_["embed_tokens.weight"]]]
+    for layer in range(layout.dims.num_hidden_layers):
+        specs = fmt.layer_specs(layout, layer)
+        for proj in (fmt.GATE_UP, fmt.DOWN):
+            units.append([s for s in specs if f".{proj}." in s.name])
+        units.append([s for s in specs if fmt.EXPERT_PREFIX not in s.name])
+    units.append([globals_["norm.weight"]])
+    units.append([globals_["lm_head.weight"]])
+    return units
+
+
+def plan_shards(layout: fmt.Layout, max_shard_size: int) -> list[list[fmt.TensorSpec]]:
+    """Pack the units greedily, in order, into shards of at most ``max_shard_size`` tensor
+    bytes (a unit larger than that gets a shard of its own)."""
+    shards: list[list[fmt.TensorSpec]] = [[]]
+    size = 0
+    for unit in shard_units(layout):
+        unit_size = sum(spec.nbytes for spec in unit)
+        if shards[-1] and size + unit_size > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].extend(unit)
+        size += unit_size
+    return shards
+
+
+def shard_file_name(number: int, count: int) -> str:
+    return f"model-{number:05d}-of-{count:05d}.safetensors"
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    spec: fmt.TensorSpec
+    shard: str
+    offset: int  # absolute file offset of the first data byte
+
+
+def build_header(specs: Iterable[fmt.TensorSpec]) -> tuple[bytes, dict[str, int]]:
+    """A safetensors header (length prefix included) and each tensor's data offset.
+
+    Tensors are ordered by descending element size then name, so every tensor starts at a
+    multiple of its element size; the JSON is padded with spaces to an 8-byte boundary.
+    """
+    ordered = sorted(specs, key=lambda s: (_DTYPE_ORDER.get(s.dtype, 3), s.name))
+    entries: dict[str, Any] = {}
+    offsets: dict[str, int] = {}
+    position = 0
+    for spec in ordered:
+        entries[spec.name] = {"dtype": spec.dtype, "shape": list(spec.shape), "data_offsets": [position, position + spec.nbytes]}
+        offsets[spec.name] = position
+        position += spec.nbytes
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % _ALIGNMENT)
+    prefix = struct.pack("<Q", len(text))
+    start = len(prefix) + len(text)
+    return prefix + text, {name: start + offset for name, offset in offsets.items()}
+
+
+def as_bytes(data: Any) -> memoryview:
+    """A flat byte view of ``data``: a torch tensor (any dtype, made contiguous) or a buffer."""
+    if type(data).__module__.startswith("torch"):
+        import torch
+
+        flat = data.detach().contiguous().reshape(-1)
+        return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    return memoryview(data).cast("B")
+
+
+def sha256_file(path: str, *, chunk: int = 1 << 24) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def hash_files(paths: Mapping[str, str], *, workers: int = 2,
+               progress: Callable[[int], None] | None = None) -> dict[str, str]:
+    """SHA-256 of several files in parallel threads (hashlib releases the GIL)."""
+    def run(item: tuple[str, str]) -> tuple[str, str]:
+        name, path = item
+        digest = sha256_file(path)
+        if progress:
+            progress(os.path.getsize(path))
+        return name, digest
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return dict(pool.map(run, paths.items()))
+
+
+def prepare_output(out: str, *, overwrite: bool) -> None:
+    """Refuse a non-empty ``out`` unless ``overwrite``; never touch it otherwise."""
+    if os.path.lexists(out):
+        if not os.path.isdir(out) or os.path.islink(out):
+            raise ConversionError(f"{out} exists and is not a directory: choose another output path")
+        if os.listdir(out) and not overwrite:
+            raise ConversionError(f"{out} is not empty: pass --overwrite to replace it, or choose another output path")
+
+
+class CheckpointWriter:
+    """Streams a normalized checkpoint into place. Use as a context manager::
+
+        with CheckpointWriter(out, layout, "custom", config) as writer:
+            for name, tensor in tensors:
+                writer.put(name, tensor)
+            writer.commit()
+
+    Leaving the block without ``commit`` (an exception, a kill) removes the temporary
+    directory when it can; a directory left by a kill has no index and is hidden.
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        layout: fmt.Layout,
+        profile: str,
+        config: Mapping[str, Any],
+        *,
+        max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+        source: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+        hash_workers: int = 2,
+    ) -> None:
+        self.out = os.path.abspath(os.fspath(out))
+        self.layout, self.profile, self.config = layout, profile, dict(config)
+        self.source = dict(source) if source is not None else None
+        self.overwrite, self.hash_workers = overwrite, hash_workers
+        prepare_output(self.out, overwrite=overwrite)
+        plan = plan_shards(layout, max_shard_size)
+        self.shard_names = [shard_file_name(i + 1, len(plan)) for i in range(len(plan))]
+        self._plan: dict[str, PlannedTensor] = {}
+        self._headers: dict[str, tuple[bytes, int]] = {}
+        for shard, specs in zip(self.shard_names, plan):
+            header, offsets = build_header(specs)
+            size = len(header) + sum(spec.nbytes for spec in specs)
+            self._headers[shard] = (header, size)
+            for spec in specs:
+                self._plan[spec.name] = PlannedTensor(spec, shard, offsets[spec.name])
+        self._written: dict[str, int] = dict.fromkeys(self._plan, 0)
+        self._fds: dict[str, int] = {}
+        self.tmp: str | None = None
+        self.committed = False
+
+    def __enter__(self) -> CheckpointWriter:
+        parent = os.path.dirname(self.out) or "."
+        os.makedirs(parent, exist_ok=True)
+        self.tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out)}.partial-", dir=parent)
+        for shard, (header, size) in self._headers.items():
+            fd = os.open(os.path.join(self.tmp, shard), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            os.pwrite(fd, header, 0)
+            os.ftruncate(fd, size)
+            self._fds[shard] = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close_files()
+        if not self.committed:
+            self.abort()
+
+    @property
+    def planned(self) -> Mapping[str, PlannedTensor]:
+        return self._plan
+
+    def put(self, name: str, data: Any, *, offset: int = 0) -> None:
+        """Write ``data`` (a tensor or buffer) as bytes ``[offset, offset+len)`` of tensor ``name``."""
+        planned = self._plan.get(name)
+        if planned is None:
+            raise ConversionError(f"{name} is not a tensor of the normalized format")
+        raw = as_bytes(data)
+        if offset < 0 or offset + raw.nbytes > planned.spec.nbytes:
+            raise ConversionError(f"{name}: bytes {offset}..{offset + raw.nbytes} exceed its {planned.spec.nbytes} bytes")
+        fd, position, view = self._fds[planned.shard], planned.offset + offset, raw
+        while view.nbytes:
+            written = os.pwrite(fd, view, position)
+            view, position = view[written:], position + written
+        self._written[name] += raw.nbytes
+
+    def commit(self, *, progress: Callable[[int], None] | None = None) -> str:
+        """Check completeness, hash the shards, write config and index, move into place."""
+        incomplete = [n for n, count in self._written.items() if count != self._plan[n].spec.nbytes]
+        if incomplete:
+            raise ConversionError(f"{len(incomplete)} tensors were not written completely (first: {incomplete[0]})")
+        assert self.tmp is not None, "commit() outside the with-block"
+        for fd in self._fds.values():
+            os.fsync(fd)
+        self._close_files()
+        paths = {shard: os.path.join(self.tmp, shard) for shard in self.shard_names}
+        digests = hash_files(paths, workers=self.hash_workers, progress=progress)
+        metadata = fmt.index_metadata(self.layout, self.profile, shard_sha256=digests, source=self.source)
+        weight_map = {name: planned.shard for name, planned in self._plan.items()}
+        _write_json(os.path.join(self.tmp, fmt.CONFIG_FILE), self.config)
+        _write_json(os.path.join(self.tmp, fmt.INDEX_FILE), {"metadata": metadata, "weight_map": weight_map})
+        self._move_into_place()
+        self.committed = True
+        return self.out
+
+    def abort(self) -> None:
+        self._close_files()
+        if self.tmp and os.path.isdir(self.tmp):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _close_files(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _move_into_place(self) -> None:
+        assert self.tmp is not None
+        prepare_output(self.out, overwrite=self.overwrite)
+        if os.path.isdir(self.out) and not os.listdir(self.out):
+            os.rmdir(self.out)
+        if os.path.isdir(self.out):
+            trash = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out)}.old-", dir=os.path.dirname(self.out))
+            os.rename(self.out, os.path.join(trash, "old"))
+            os.rename(self.tmp, self.out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(self.tmp, self.out)
+        _fsync_dir(os.path.dirname(self.out))
+
+
+def _write_json(path: str, document: Any) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=2)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
