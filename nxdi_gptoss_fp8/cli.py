@@ -49,6 +49,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         args.path,
         neuron_config=neuron_config,
         allow_custom_model=args.allow_custom_model or allow_custom_from_env(),
+        read_scales=not args.headers_only,
     )
     if args.json:
         print(report.to_json())
@@ -134,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "as NxDI saves it): also check that NxDI will run this checkpoint as configured")
     validate.add_argument("--allow-custom-model", action="store_true",
                           help=f"accept model_profile 'custom' (tiny test models); also {fmt.ALLOW_CUSTOM_ENV}=1")
+    validate.add_argument("--headers-only", action="store_true",
+                          help="read no tensor data at all: skip the scale-value check (a partial, faster verdict)")
     validate.set_defaults(handler=_cmd_validate)
 
     inspect = commands.add_parser(

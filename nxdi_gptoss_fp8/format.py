@@ -360,17 +360,36 @@ def index_metadata(
 
 
 def hf_config(dims: ModelDims, **extra: Any) -> dict[str, Any]:
-    """A ``config.json`` for a normalized checkpoint with these dimensions.
+    """A complete GPT-OSS ``config.json`` for a normalized checkpoint with these dimensions.
 
-    Its ``quantization_config`` names this format, so no tool mistakes the FP8 bytes for MXFP4.
+    Besides the dimensions it carries the fields NxDI's GPT-OSS config requires (rope settings,
+    pad token, ...) with the published models' values; ``extra`` overrides any of them. Its
+    ``quantization_config`` names this format, so no tool mistakes the FP8 bytes for MXFP4.
     """
     config: dict[str, Any] = {
         "architectures": [ARCHITECTURE],
         "model_type": MODEL_TYPE,
         "torch_dtype": "bfloat16",
         "tie_word_embeddings": False,
+        "attention_bias": True,
+        "hidden_act": "silu",
+        "initial_context_length": 4096,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 150000,
+        "rope_scaling": {
+            "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+            "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False,
+        },
+        "swiglu_limit": 7.0,
+        "pad_token_id": dims.vocab_size - 1,
+        "eos_token_id": dims.vocab_size - 2,
         **dims.as_dict(),
         "experts_per_token": dims.num_experts_per_tok,
+        "layer_types": [
+            "sliding_attention" if layer % 2 == 0 else "full_attention"
+            for layer in range(dims.num_hidden_layers)
+        ],
         "quantization_config": {
             "quant_method": QUANT_METHOD,
             "quantization_type": QUANTIZATION_TYPE,

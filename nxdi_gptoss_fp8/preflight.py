@@ -8,9 +8,11 @@ files → parsed headers → findings. The loader maps tensors only when the rep
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
+import struct
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from typing import Any
 
 from . import format as fmt
 from .findings import PreflightReport, Severity
+from .integrity import check_digests
 from .safetensors_header import HeaderError, SafetensorsHeader, TensorInfo, parse_json_strict, read_header
 
 MAX_JSON_FILE_SIZE = 64 * 1024 * 1024
@@ -64,6 +67,9 @@ def preflight(
     neuron_config: Any = None,
     inference_config: Any = None,
     allow_custom_model: bool = False,
+    read_scales: bool = True,
+    deep: bool = False,
+    verify_checksums: bool = False,
 ) -> PreflightReport:
     """Check the checkpoint directory ``path`` against the normalized-FP8 contract.
 
@@ -74,6 +80,12 @@ def preflight(
         inference_config: NxDI's InferenceConfig (or a mapping); its model dimensions must
             agree with the checkpoint's ``config.json``.
         allow_custom_model: accept a ``custom`` model profile (tiny test models).
+        read_scales: read the expert scales and check their values (the default); False gives
+            a headers-only verdict and an info finding saying the values were not checked.
+        deep: also read every FP8 expert byte once (``deep_scan``: values beyond ±240 or
+            NaN, non-zero padding, all-zero experts); needs numpy.
+        verify_checksums: hash every shard against the index's ``shard_sha256``
+            (``integrity``); without digests that is an error (else only a warning).
 
     Returns:
         A ``PreflightReport`` with every finding; ``report.ok`` is the verdict. Never raises
@@ -97,8 +109,16 @@ def preflight(
         _check_namespace(view, report)
         _check_dtype_shape(view, report)
         _check_sidecars(view, report)
-        _check_scale_values(view, report)
+        if read_scales:
+            _check_scale_values(view, report)
+        else:
+            report.add("values", "not_checked", "scale values were not read (headers-only preflight)", severity=Severity.INFO)
         _check_total_size(view, report)
+        check_digests(view, report, verify=verify_checksums)
+        if deep:
+            from .deep_scan import deep_scan
+
+            deep_scan(view, report)
         if inference_config is not None:
             _check_inference_config(view, report, inference_config)
         if neuron_config is not None:
@@ -168,6 +188,8 @@ def _safe_shard_name(name: str) -> str | None:
 
 
 def _check_stray_files(view: CheckpointView, report: PreflightReport) -> None:
+    if view.index is None:
+        return  # without a readable index every shard would look stray: the index finding says it
     listed = set(view.weight_map.values())
     try:
         entries = sorted(os.listdir(view.root))
@@ -227,7 +249,7 @@ def _check_config(view: CheckpointView, report: PreflightReport) -> None:
     try:
         view.dims = fmt.dims_from_config(config)
     except fmt.ConfigFieldError as exc:
-        report.add("config", "bad_field", f"{exc.field} is {exc.problem}: the namespace cannot be derived", file=name, key=exc.field)
+        report.add("config", "bad_field", f"{exc.field}: {exc.problem}; the namespace cannot be derived", file=name, key=exc.field)
 
 
 # --------------------------------------------------------------------------- index
@@ -505,11 +527,6 @@ def _check_sidecars(view: CheckpointView, report: PreflightReport) -> None:
 # --------------------------------------------------------------------------- values
 
 
-def _lane_mask(lanes: int, pattern: int) -> int:
-    """A big integer repeating the 32-bit ``pattern`` in ``lanes`` lanes (little-endian)."""
-    return int.from_bytes(pattern.to_bytes(4, "little") * lanes, "little")
-
-
 @dataclass
 class ScaleStats:
     """Counts over one float32 scale tensor: ``bad`` values are not finite and > 0.
@@ -521,51 +538,38 @@ class ScaleStats:
     negative: int
     zero: int
     non_finite: int
+    first_bad: int = -1
 
 
-_MASKS: dict[int, tuple[int, ...]] = {}
+# Class of a float32's most significant byte (sign + 7 exponent bits): N negative, Z zero or
+# subnormal, E exponent at its top (huge, inf or NaN), "." an ordinary positive value.
+_TOP_BYTE_CLASS = bytes(
+    ord("N") if b & 0x80 else ord("Z") if b == 0 else ord("E") if b == 0x7F else ord(".")
+    for b in range(256)
+)
 
 
 def scale_stats(raw: bytes) -> ScaleStats:
-    """Count float32 values in ``raw`` that are not finite and strictly positive.
+    """Count little-endian float32 values in ``raw`` that are not finite and > 0.
 
-    Lane-parallel arithmetic on one big integer: each operation runs as one C loop over the
-    whole buffer, so the 159 MB of gpt-oss-120b scales are checked without numpy or a Python
-    loop per value. A lane is fine when its sign bit is clear, its magnitude is non-zero and its
-    exponent is not all ones.
+    Fast path in C loops (stride slice, translate, count) over the top byte of each value:
+    ordinary positive scales are decided by it alone. Only tensors with zero/subnormal or
+    top-exponent values, or negatives, are re-read value by value.
     """
-    lanes = len(raw) // 4
-    if not lanes:
+    classes = bytes(raw[3::4]).translate(_TOP_BYTE_CLASS)
+    if classes.count(b".") == len(classes):
         return ScaleStats(0, 0, 0, 0)
-    masks = _MASKS.get(lanes)
-    if masks is None:
-        masks = tuple(_lane_mask(lanes, p) for p in (0x80000000, 0x7F800000, 0x7FFFFFFF, 0xFF, 0x100))
-        if len(_MASKS) < 8:
-            _MASKS[lanes] = masks
-    sign, exponent, magnitude, add_ff, bit8 = masks
-    value = int.from_bytes(raw[: lanes * 4], "little")
-    sign_bits = value & sign
-    positive = sign_bits ^ sign  # bit 31 set where the sign bit is clear
-    # magnitude + 0x7FFFFFFF carries into bit 31 exactly when the magnitude is non-zero
-    nonzero = ((value & magnitude) + magnitude) & sign
-    # (exponent ^ 0xFF) + 0xFF carries into bit 8 exactly when the exponent is not all ones
-    finite = ((((value & exponent) ^ exponent) >> 23) + add_ff) & bit8
-    ok = positive & nonzero & (finite << 23)
-    return ScaleStats(
-        bad=lanes - ok.bit_count(),
-        negative=sign_bits.bit_count(),
-        zero=lanes - nonzero.bit_count(),
-        non_finite=lanes - finite.bit_count(),
-    )
-
-
-def _first_bad_scale(raw: bytes) -> tuple[int, float]:
-    import struct
-
-    for index, (value,) in enumerate(struct.iter_unpack("<f", raw)):
-        if not (value > 0 and value != float("inf")):
-            return index, value
-    return -1, 0.0
+    bad = negative = zero = non_finite = 0
+    first_bad = -1
+    for index, (value,) in enumerate(struct.iter_unpack("<f", raw[: len(classes) * 4])):
+        if value > 0 and not math.isinf(value):
+            continue
+        bad += 1
+        first_bad = index if first_bad < 0 else first_bad
+        negative += math.copysign(1.0, value) < 0 and not math.isnan(value)
+        zero += value == 0
+        non_finite += not math.isfinite(value)
+    return ScaleStats(bad, negative, zero, non_finite, first_bad)
 
 
 def _check_scale_values(view: CheckpointView, report: PreflightReport) -> None:
@@ -589,8 +593,8 @@ def _check_scale_values(view: CheckpointView, report: PreflightReport) -> None:
             continue
         stats = scale_stats(raw)
         if stats.bad:
-            index, value = _first_bad_scale(raw)
-            coords = _unravel(index, info.shape)
+            (value,) = struct.unpack_from("<f", raw, 4 * stats.first_bad)
+            coords = _unravel(stats.first_bad, info.shape)
             report.add(
                 "values", "bad_scale",
                 f"{key} has {stats.bad} scales that are not finite and > 0 ({stats.negative} negative, "

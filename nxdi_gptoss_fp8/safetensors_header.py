@@ -118,10 +118,19 @@ def parse_json_strict(text: str, *, what: str = "header") -> Any:
         return result
 
     try:
-        return json.loads(text, object_pairs_hook=pairs_hook, parse_constant=_reject_constant)
+        document = json.loads(text, object_pairs_hook=pairs_hook, parse_constant=_reject_constant)
+        if "\\u" in text:
+            # only a \u escape can smuggle in a lone UTF-16 surrogate, which no file name or
+            # output stream can encode (strict JSON parsers reject it too)
+            json.dumps(document, ensure_ascii=False).encode("utf-8")
+        return document
+    except HeaderError:
+        raise
     except RecursionError:
         raise HeaderError("too_deep", f"{what} JSON is nested too deeply to be valid") from None
-    except json.JSONDecodeError as exc:
+    except UnicodeEncodeError:
+        raise HeaderError("invalid_json", f"{what} JSON escapes a lone UTF-16 surrogate, which is not text") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer literal beyond Python's digit limit
         raise HeaderError("invalid_json", f"{what} is not valid JSON: {exc}") from None
 
 

@@ -22,26 +22,6 @@ TINY_DIMS = fmt.ModelDims(
 TINY_MAX_SHARD_SIZE = 64_000
 
 
-def tiny_config(dims: fmt.ModelDims) -> dict:
-    """A complete GPT-OSS ``config.json`` for these dimensions (what NxDI's config requires)."""
-    return fmt.hf_config(
-        dims,
-        attention_bias=True,
-        hidden_act="silu",
-        initial_context_length=4096,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-05,
-        rope_theta=150000,
-        rope_scaling={"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
-                      "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
-        pad_token_id=dims.vocab_size - 1,
-        eos_token_id=dims.vocab_size - 2,
-        swiglu_limit=7.0,
-        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention"
-                     for i in range(dims.num_hidden_layers)],
-    )
-
-
 def _padded(values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     out = torch.zeros(shape, dtype=values.dtype)
     out[tuple(slice(0, n) for n in values.shape)] = values
@@ -104,7 +84,7 @@ def make_tiny(
     tensors = tiny_tensors(layout, seed=seed)
     profile = fmt.profile_for_dims(dims)
     source = {"generator": "nxdi-gptoss-fp8 make-tiny", "seed": seed}
-    with CheckpointWriter(out, layout, profile, tiny_config(dims), max_shard_size=max_shard_size,
+    with CheckpointWriter(out, layout, profile, fmt.hf_config(dims), max_shard_size=max_shard_size,
                           source=source, overwrite=overwrite) as writer:
         for name, tensor in tensors.items():
             writer.put(name, tensor)

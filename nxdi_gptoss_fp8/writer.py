@@ -173,17 +173,18 @@ class CheckpointWriter:
         source: Mapping[str, Any] | None = None,
         overwrite: bool = False,
         hash_workers: int = 2,
+        record_sha256: bool = True,
     ) -> None:
         self.out = os.path.abspath(os.fspath(out))
         self.layout, self.profile, self.config = layout, profile, dict(config)
         self.source = dict(source) if source is not None else None
-        self.overwrite, self.hash_workers = overwrite, hash_workers
+        self.overwrite, self.hash_workers, self.record_sha256 = overwrite, hash_workers, record_sha256
         prepare_output(self.out, overwrite=overwrite)
         plan = plan_shards(layout, max_shard_size)
         self.shard_names = [shard_file_name(i + 1, len(plan)) for i in range(len(plan))]
         self._plan: dict[str, PlannedTensor] = {}
         self._headers: dict[str, tuple[bytes, int]] = {}
-        for shard, specs in zip(self.shard_names, plan):
+        for shard, specs in zip(self.shard_names, plan, strict=True):
             header, offsets = build_header(specs)
             size = len(header) + sum(spec.nbytes for spec in specs)
             self._headers[shard] = (header, size)
@@ -228,6 +229,14 @@ class CheckpointWriter:
             view, position = view[written:], position + written
         self._written[name] += raw.nbytes
 
+    def put_zeros(self, name: str) -> None:
+        """Declare all of tensor ``name`` zero without writing it: shard files are created at
+        their final size, so unwritten bytes read as zeros (and stay holes in sparse files)."""
+        planned = self._plan.get(name)
+        if planned is None:
+            raise ConversionError(f"{name} is not a tensor of the normalized format")
+        self._written[name] = planned.spec.nbytes
+
     def commit(self, *, progress: Callable[[int], None] | None = None) -> str:
         """Check completeness, hash the shards, write config and index, move into place."""
         incomplete = [n for n, count in self._written.items() if count != self._plan[n].spec.nbytes]
@@ -238,7 +247,7 @@ class CheckpointWriter:
             os.fsync(fd)
         self._close_files()
         paths = {shard: os.path.join(self.tmp, shard) for shard in self.shard_names}
-        digests = hash_files(paths, workers=self.hash_workers, progress=progress)
+        digests = hash_files(paths, workers=self.hash_workers, progress=progress) if self.record_sha256 else None
         metadata = fmt.index_metadata(self.layout, self.profile, shard_sha256=digests, source=self.source)
         weight_map = {name: planned.shard for name, planned in self._plan.items()}
         _write_json(os.path.join(self.tmp, fmt.CONFIG_FILE), self.config)

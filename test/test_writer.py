@@ -1,0 +1,101 @@
+"""The streaming writer: plan, headers the safetensors library reads, atomic placement."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from nxdi_gptoss_fp8 import ConversionError, preflight
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.tiny import TINY_DIMS, make_tiny, tiny_tensors
+from nxdi_gptoss_fp8.writer import CheckpointWriter, build_header, parse_size, plan_shards
+
+
+def test_tiny_checkpoint_reads_back_exactly_with_safetensors(tmp_path: Path) -> None:
+    layout = fmt.Layout.unpadded(TINY_DIMS)
+    expected = tiny_tensors(layout, seed=3)
+    out = make_tiny(tmp_path / "t", seed=3)
+    index = preflight(out, allow_custom_model=True).view.weight_map
+    for name, tensor in expected.items():
+        with safe_open(os.path.join(out, index[name]), "pt") as handle:
+            loaded = handle.get_tensor(name)
+        assert loaded.dtype == tensor.dtype and torch.equal(loaded.view(torch.uint8), tensor.contiguous().view(torch.uint8))
+
+
+def test_plan_keeps_weight_scale_bias_together_and_respects_size() -> None:
+    layout = fmt.Layout.unpadded(fmt.PROFILES[fmt.PROFILE_120B])
+    plan = plan_shards(layout, 5_000_000_000)
+    where = {spec.name: number for number, shard in enumerate(plan) for spec in shard}
+    assert len(where) == 687
+    for weight, scale in fmt.expert_pairs(layout):
+        assert where[weight] == where[scale] == where[weight.replace(".weight", ".bias")]
+    for shard in plan:
+        size = sum(spec.nbytes for spec in shard)
+        assert size <= 5_000_000_000 or len({spec.name.rsplit(".", 1)[0] for spec in shard}) == 1
+
+
+def test_header_alignment() -> None:
+    specs = [fmt.TensorSpec("a", (3,), "BF16"), fmt.TensorSpec("b", (5,), "F32"), fmt.TensorSpec("c", (7,), "F8_E4M3")]
+    header, offsets = build_header(specs)
+    assert len(header) % 8 == 0
+    assert offsets["b"] % 4 == 0 and offsets["a"] % 2 == 0
+
+
+@pytest.mark.parametrize(("text", "size"), [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("2GiB", 2 * 2**30), ("64KB", 64_000), (123, 123), ("1.5GB", 1_500_000_000)])
+def test_parse_size(text: str | int, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "GB", "-5GB", "5XB", "five"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_interrupted_write_leaves_nothing(tmp_path: Path) -> None:
+    layout = fmt.Layout.unpadded(TINY_DIMS)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError), CheckpointWriter(out, layout, "custom", fmt.hf_config(TINY_DIMS)) as writer:
+        writer.put("norm.weight", torch.ones(64, dtype=torch.bfloat16))
+        raise RuntimeError("killed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_incomplete_write_is_refused(tmp_path: Path) -> None:
+    layout = fmt.Layout.unpadded(TINY_DIMS)
+    with CheckpointWriter(tmp_path / "out", layout, "custom", fmt.hf_config(TINY_DIMS)) as writer:
+        writer.put("norm.weight", torch.ones(64, dtype=torch.bfloat16))
+        with pytest.raises(ConversionError, match="not written completely"):
+            writer.commit()
+    assert not (tmp_path / "out").exists()
+
+
+def test_put_rejects_unknown_names_and_overflows(tmp_path: Path) -> None:
+    layout = fmt.Layout.unpadded(TINY_DIMS)
+    with CheckpointWriter(tmp_path / "out", layout, "custom", fmt.hf_config(TINY_DIMS)) as writer:
+        with pytest.raises(ConversionError, match="not a tensor"):
+            writer.put("model.norm.weight", b"\0\0")
+        with pytest.raises(ConversionError, match="exceed"):
+            writer.put("norm.weight", bytes(130))
+
+
+def test_refuses_non_empty_output_without_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(ConversionError, match="--overwrite"):
+        make_tiny(out)
+    assert (out / "keep.txt").read_text() == "mine"
+    make_tiny(out, overwrite=True)
+    assert not (out / "keep.txt").exists()
+    assert preflight(out, allow_custom_model=True).ok
+
+
+def test_same_inputs_give_identical_bytes(tmp_path: Path) -> None:
+    a, b = make_tiny(tmp_path / "a", seed=1), make_tiny(tmp_path / "b", seed=1)
+    for name in sorted(os.listdir(a)):
+        assert Path(a, name).read_bytes() == Path(b, name).read_bytes(), name
