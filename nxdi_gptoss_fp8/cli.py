@@ -50,6 +50,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         neuron_config=neuron_config,
         allow_custom_model=args.allow_custom_model or allow_custom_from_env(),
         read_scales=not args.headers_only,
+        deep=args.deep,
+        verify_checksums=args.verify_checksums,
     )
     if args.json:
         print(report.to_json())
@@ -96,6 +98,44 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if run_demo() else EXIT_FINDINGS
 
 
+def _cmd_inference_demo(args: argparse.Namespace) -> int:
+    from . import nxdi_hook
+
+    if not nxdi_hook.nxdi_available():
+        raise UsageError("NxDI (neuronx-distributed-inference) is not installed here: run this on a Neuron host "
+                         "with NxDI installed; it registers the hook, then runs NxDI's inference_demo")
+    return nxdi_hook.run_inference_demo(args.nxdi_args)
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import convert
+    from .errors import ConversionError
+
+    max_shard_size = _size(args.max_shard_size)
+    try:
+        report = convert(
+            args.src, args.out, padded_hidden_size=args.padded_hidden_size,
+            padded_intermediate_size=args.padded_intermediate_size, max_shard_size=max_shard_size,
+            overwrite=args.overwrite, progress=True,
+        )
+    except ConversionError as exc:  # a source or output we cannot use: unreadable input
+        raise UsageError(str(exc)) from None
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
+    return EXIT_OK
+
+
+def _cmd_verify_conversion(args: argparse.Namespace) -> int:
+    from .errors import ConversionError
+    from .verify import verify_conversion
+
+    try:
+        report = verify_conversion(args.out, args.source, progress=True)
+    except ConversionError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
+    return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
 def _size(text: str) -> int:
     from .writer import parse_size
 
@@ -137,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"accept model_profile 'custom' (tiny test models); also {fmt.ALLOW_CUSTOM_ENV}=1")
     validate.add_argument("--headers-only", action="store_true",
                           help="read no tensor data at all: skip the scale-value check (a partial, faster verdict)")
+    validate.add_argument("--deep", action="store_true",
+                          help="also read every FP8 expert byte once: values beyond ±240 or NaN, non-zero "
+                               "padding, all-zero experts (reads the whole checkpoint; progress on a terminal)")
+    validate.add_argument("--verify-checksums", action="store_true",
+                          help="hash every shard (in parallel) against the index's shard_sha256; "
+                               "a checkpoint without digests then fails")
     validate.set_defaults(handler=_cmd_validate)
 
     inspect = commands.add_parser(
@@ -178,12 +224,53 @@ def build_parser() -> argparse.ArgumentParser:
         description="No arguments: everything happens in a temporary directory that is removed afterwards.",
     )
     demo.set_defaults(handler=_cmd_demo)
+
+    inference_demo = commands.add_parser(
+        "inference-demo", help="register the normalized-FP8 hook, then run NxDI's inference_demo with ARGS",
+        description="Everything after 'inference-demo' goes to NxDI's inference_demo unchanged, e.g. "
+                    "CHECKPOINT_FORMAT=normalized_fp8 nxdi-gptoss-fp8 inference-demo --model-type gpt_oss "
+                    "--task-type causal-lm run --model-path DIR --quantized --quantized-checkpoints-path DIR ...",
+        # no option of ours: every argument, '--help' included, is NxDI's
+        prefix_chars="\x00", add_help=False,
+    )
+    inference_demo.add_argument("nxdi_args", nargs=argparse.REMAINDER, metavar="ARGS")
+    inference_demo.set_defaults(handler=_cmd_inference_demo)
+
+    convert = commands.add_parser(
+        "convert", help="convert a published GPT-OSS checkpoint (HF MXFP4 or HF BF16) to normalized FP8 (needs torch)",
+        description="Convert the HF set of openai/gpt-oss-120b or -20b (MXFP4) or an HF BF16 GPT-OSS checkpoint "
+                    "into the normalized FP8 format, streaming one expert at a time. MXFP4 values stay exact "
+                    "wherever E4M3 can hold them (the report counts the rest). The output appears only when "
+                    "complete; SRC is never modified. Check the result with verify-conversion.",
+    )
+    convert.add_argument("src", metavar="SRC", help="the HF checkpoint directory (config.json + model.safetensors.index.json)")
+    convert.add_argument("out", metavar="OUT", help="output directory (must be empty or absent)")
+    convert.add_argument("--padded-hidden-size", type=int, metavar="N", help="H' (H plus a multiple of 32)")
+    convert.add_argument("--padded-intermediate-size", type=int, metavar="N", help="I' (I plus a multiple of 32)")
+    convert.add_argument("--max-shard-size", default="5GB", help="largest shard (default 5GB)")
+    convert.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    convert.add_argument("--json", action="store_true", help="print the conversion report as JSON")
+    convert.set_defaults(handler=_cmd_convert)
+
+    verify_conversion = commands.add_parser(
+        "verify-conversion", help="compare a converted checkpoint with its source, value by value (needs torch)",
+        description="Re-read OUT and SRC one expert at a time: every non-expert tensor must be bit-exact, every "
+                    "FP8 expert value exact where E4M3 allows and within half an E4M3 step otherwise. Prints a "
+                    "per-layer table; exit 1 on any violation.",
+    )
+    verify_conversion.add_argument("out", metavar="OUT", help="the converted checkpoint directory")
+    verify_conversion.add_argument("--source", required=True, metavar="SRC", help="the source it was converted from")
+    verify_conversion.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify_conversion.set_defaults(handler=_cmd_verify_conversion)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # names from disk may not be valid UTF-8
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     debug = os.environ.get("NXDI_GPTOSS_FP8_DEBUG", "") not in ("", "0")
     try:
         return int(args.handler(args))

@@ -1,5 +1,6 @@
 """The README's main command: a tiny checkpoint made, validated, broken three realistic
-ways and validated again, so a new user sees what the preflight catches. Requires torch."""
+ways and validated again, so a new user sees what the preflight catches; then the valid one
+is loaded through the zero-copy loader. Requires torch."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ CORRUPTIONS: tuple[Callable[[str], str], ...] = (_truncate_last_shard, _misassig
 
 def run_demo(print_: Callable[[str], None] = print, *, workdir: str | None = None) -> bool:
     """Run the demo; True when the valid checkpoint passed and every corruption was caught."""
+    from .loader import describe_load
     from .tiny import make_tiny
 
     owned = workdir is None
@@ -68,23 +70,13 @@ def run_demo(print_: Callable[[str], None] = print, *, workdir: str | None = Non
             print_(f"{number}. corrupted a copy: {what}")
             print_(_indent(broken.render_text(limit=6)))
             all_as_expected = all_as_expected and not broken.ok
-        extra = _demo_load(valid)
-        if extra:
-            print_(extra)
+        print_(f"{len(CORRUPTIONS) + 2}. loaded the valid checkpoint through the loader (NxDI's defaults: tp 1, BF16)")
+        print_(_indent(describe_load(valid)))
         print_("demo " + ("succeeded: the valid checkpoint passed and every corruption was refused" if all_as_expected else "FAILED"))
         return all_as_expected
     finally:
         if owned:
             shutil.rmtree(base, ignore_errors=True)
-
-
-def _demo_load(path: str) -> str | None:
-    """Load the valid checkpoint through the loader, when the loader is available."""
-    try:
-        from .loader import describe_load
-    except ImportError:
-        return None
-    return describe_load(path)
 
 
 def _indent(text: str) -> str:

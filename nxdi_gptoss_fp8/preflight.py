@@ -166,12 +166,16 @@ def _read_json_file(view: CheckpointView, report: PreflightReport, name: str, ch
         return None
     report.bytes_read += len(raw)
     try:
-        return parse_json_strict(raw.decode("utf-8"), what=name)
+        document = parse_json_strict(raw.decode("utf-8"), what=name)
     except UnicodeDecodeError:
         report.add(check, "invalid_json", f"{name} is not UTF-8 text", file=name)
+        return None
     except HeaderError as exc:
         report.add(check, exc.code, str(exc), file=name, key=exc.key)
-    return None
+        return None
+    if document is None:  # a JSON null must not read as "unreadable, already reported"
+        report.add(check, "not_an_object", f"{name} holds JSON null, not an object", file=name)
+    return document
 
 
 def _safe_shard_name(name: str) -> str | None:
@@ -316,6 +320,9 @@ def _check_metadata_fields(view: CheckpointView, report: PreflightReport, metada
         valid = isinstance(value, (int, float)) and type(value) is not bool if kind is float else type(value) is kind
         if not valid:
             report.add("index", "wrong_metadata_type", f"metadata field {key!r} is {value!r}, expected {kind.__name__}", file=name, key=f"metadata.{key}")
+    for key, kind in fmt.OPTIONAL_METADATA.items():
+        if key in metadata and type(metadata[key]) is not kind:
+            report.add("index", "wrong_metadata_type", f"metadata field {key!r} is a {type(metadata[key]).__name__}, expected an object", file=name, key=f"metadata.{key}")
     expected_values = {
         "format": fmt.FORMAT_NAME,
         "format_version": fmt.FORMAT_VERSION,
@@ -347,39 +354,40 @@ def _check_metadata_fields(view: CheckpointView, report: PreflightReport, metada
 # --------------------------------------------------------------------------- headers
 
 
+class _ShardProblem(Exception):
+    """Why one shard's header could not be read: becomes one finding, the shard is skipped."""
+
+    def __init__(self, check: str, reason: str, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.check, self.reason, self.message, self.key = check, reason, message, key
+
+
+def _read_shard_header(root: str, real_root: str, shard: str) -> SafetensorsHeader:
+    path = os.path.join(root, shard)
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            target = os.path.realpath(path)
+            if os.path.dirname(target) != real_root:
+                raise _ShardProblem("filesystem", "link_outside", f"{shard} is a link to {target}, outside the checkpoint directory: copy the file in instead")
+        return read_header(path)
+    except FileNotFoundError:
+        raise _ShardProblem("ownership", "missing_shard", f"the index lists shard {shard}, which does not exist") from None
+    except HeaderError as exc:
+        raise _ShardProblem("header", exc.code, f"{shard}: {exc}", exc.key) from None
+    except IsADirectoryError:
+        raise _ShardProblem("filesystem", "not_a_file", f"{shard} is a directory, not a shard file") from None
+    except OSError as exc:
+        raise _ShardProblem("filesystem", "unreadable", f"cannot read {shard}: {exc.strerror or exc}") from None
+
+
 def _read_headers(view: CheckpointView, report: PreflightReport) -> None:
     real_root = os.path.realpath(view.root)
     for shard in sorted(set(view.weight_map.values())):
-        shard_path = os.path.join(view.root, shard)
         try:
-            info = os.lstat(shard_path)
-        except FileNotFoundError:
+            header = _read_shard_header(view.root, real_root, shard)
+        except _ShardProblem as problem:
             view.broken_shards.add(shard)
-            report.add("ownership", "missing_shard", f"the index lists shard {shard}, which does not exist", file=shard)
-            continue
-        except OSError as exc:
-            view.broken_shards.add(shard)
-            report.add("filesystem", "unreadable", f"cannot stat {shard}: {exc.strerror}", file=shard)
-            continue
-        if stat.S_ISLNK(info.st_mode):
-            target = os.path.realpath(shard_path)
-            if os.path.dirname(target) != real_root:
-                view.broken_shards.add(shard)
-                report.add("filesystem", "link_outside", f"{shard} is a link to {target}, outside the checkpoint directory: copy the file in instead", file=shard)
-                continue
-        try:
-            header = read_header(shard_path)
-        except HeaderError as exc:
-            view.broken_shards.add(shard)
-            report.add("header", exc.code, f"{shard}: {exc}", file=shard, key=exc.key)
-            continue
-        except IsADirectoryError:
-            view.broken_shards.add(shard)
-            report.add("filesystem", "not_a_file", f"{shard} is a directory, not a shard file", file=shard)
-            continue
-        except OSError as exc:
-            view.broken_shards.add(shard)
-            report.add("filesystem", "unreadable", f"cannot read {shard}: {exc.strerror or exc}", file=shard)
+            report.add(problem.check, problem.reason, problem.message, file=shard, key=problem.key)
             continue
         report.bytes_read += header.bytes_read
         view.headers[shard] = header
@@ -573,11 +581,14 @@ def scale_stats(raw: bytes) -> ScaleStats:
 
 
 def _check_scale_values(view: CheckpointView, report: PreflightReport) -> None:
+    # only scales of the format's shape are read: a mis-shaped "scale" could be any size
+    expected = fmt.expected_namespace(view.layout) if view.layout else {}
     for key in sorted(view.locations):
         if not fmt.is_expert_scale(key):
             continue
         shard, info = view.tensor(key)  # type: ignore[misc]
-        if info.dtype != fmt.F32:
+        spec = expected.get(key)
+        if info.dtype != fmt.F32 or spec is None or info.shape != spec.shape:
             continue
         header = view.headers[shard]
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -27,6 +28,16 @@ from .errors import ConversionError
 DEFAULT_MAX_SHARD_SIZE = 5_000_000_000
 _ALIGNMENT = 8
 _DTYPE_ORDER = {"F64": 0, "I64": 0, "U64": 0, "F32": 1, "I32": 1, "U32": 1, "BF16": 2, "F16": 2}
+_QKV = re.compile(r"^(.*self_attn\.)([qkv])_proj\.(weight|bias)$")
+
+
+def _placement_key(spec: fmt.TensorSpec) -> tuple[int, str]:
+    """Order of tensors in a shard: descending element size (alignment), then name, except
+    that a layer's q, k, v weights (and biases) follow each other in that order, so a loader
+    can present NxDI's fused ``Wqkv`` as a view of the file instead of a concatenated copy."""
+    match = _QKV.match(spec.name)
+    name = f"{match[1]}qkv.{match[3]}.{'qkv'.index(match[2])}" if match else spec.name
+    return _DTYPE_ORDER.get(spec.dtype, 3), name
 
 
 def parse_size(text: str | int) -> int:
@@ -91,10 +102,10 @@ class PlannedTensor:
 def build_header(specs: Iterable[fmt.TensorSpec]) -> tuple[bytes, dict[str, int]]:
     """A safetensors header (length prefix included) and each tensor's data offset.
 
-    Tensors are ordered by descending element size then name, so every tensor starts at a
-    multiple of its element size; the JSON is padded with spaces to an 8-byte boundary.
+    Tensors are ordered by ``_placement_key``, so every tensor starts at a multiple of its
+    element size; the JSON is padded with spaces to an 8-byte boundary.
     """
-    ordered = sorted(specs, key=lambda s: (_DTYPE_ORDER.get(s.dtype, 3), s.name))
+    ordered = sorted(specs, key=_placement_key)
     entries: dict[str, Any] = {}
     offsets: dict[str, int] = {}
     position = 0

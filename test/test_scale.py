@@ -32,4 +32,4 @@ def test_full_size_padded_120b_passes_with_matching_neuron_config(tmp_path: Path
     }
     assert preflight(ckpt, neuron_config=neuron_config).ok
     report = preflight(ckpt, neuron_config={**neuron_config, "padded_intermediate_size": 8192})
-    assert report.codes() == ["neuron_config.padding_mismatch"]
+    assert [f.code for f in report.errors] == ["neuron_config.padding_mismatch"]

@@ -1,0 +1,385 @@
+"""Zero-copy loading of a preflighted normalized checkpoint into NxDI's final state dict.
+
+The loader never parses anything itself: it maps the shards the preflight's ``CheckpointView``
+describes. Before mapping, each shard is re-checked against what the preflight saw (device,
+inode, size, mtime and the SHA-256 of its header bytes), so a file rewritten, truncated or
+replaced in between is refused (``IntegrityError``). Each shard is mapped private
+copy-on-write (``mmap.ACCESS_COPY``): NxD's preshard hooks may modify tensors in place, and
+those writes land in private anonymous pages, never in the checkpoint. Every stored tensor is
+a view into its mapping (``torch.frombuffer``); the mapping lives as long as a tensor uses it.
+
+Then the runtime-derived entries of the format's §4 are synthesized exactly as NxDI's GPT-OSS
+conversion (HF branch, BF16 compute) would for the given NeuronConfig, and every tensor is
+already in the dtype NxDI's ``checkpoint_loader_fn`` would cast it to, so its ``_cast_helper``
+finds nothing to copy. Requires torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import mmap
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import format as fmt
+from .errors import IntegrityError, LoadError
+from .findings import PreflightReport
+from .preflight import CheckpointView, _attr, allow_custom_from_env, neuron_config_view, preflight
+from .safetensors_header import PREFIX_SIZE, FileIdentity, SafetensorsHeader
+
+logger = logging.getLogger(__name__)
+
+# safetensors dtype name → torch dtype (every dtype the format uses, plus the plain numeric ones)
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+}
+_DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """The NeuronConfig settings that shape the derived entries and the final dtypes.
+
+    Defaults are NxDI's NeuronConfig defaults (``logical_nc_config`` defaults to 1 here, NxDI
+    reads it from the platform; ``lm_head_pad`` defaults to ``logical_nc_config > 1`` as there).
+    """
+
+    tp_degree: int = 1
+    local_ranks_size: int = 1
+    fused_qkv: bool = False
+    vocab_parallel: bool = False
+    attention_dp_degree: int = 1
+    cp_degree: int = 1
+    lm_head_pad: bool = False
+    lm_head_pad_alignment_size: int = 1
+    logical_nc_config: int = 1
+    torch_dtype: torch.dtype = torch.bfloat16
+    cast_type: str = "config"
+
+    @classmethod
+    def from_config(cls, config: Any) -> RuntimeOptions:
+        """Read the options from an NxDI InferenceConfig or NeuronConfig (or a mapping of one)."""
+        if config is None:
+            return cls()
+        nc = neuron_config_view(config)
+        tp = _attr(nc, "tp_degree", 1)
+        world = _attr(nc, "world_size", None) or tp * _attr(nc, "pp_degree", 1) * _attr(nc, "ep_degree", 1)
+        lnc = _attr(nc, "logical_nc_config", 1)
+        dtype = _attr(nc, "torch_dtype", torch.bfloat16)
+        if isinstance(dtype, str):
+            if dtype not in _DTYPE_NAMES:
+                raise LoadError(f"neuron_config.torch_dtype {dtype!r} is not one of {sorted(_DTYPE_NAMES)}")
+            dtype = _DTYPE_NAMES[dtype]
+        lm_head_pad = _attr(nc, "lm_head_pad", None)
+        return cls(
+            tp_degree=tp,
+            local_ranks_size=_attr(nc, "local_ranks_size", None) or world,
+            fused_qkv=bool(_attr(nc, "fused_qkv", False)),
+            vocab_parallel=bool(_attr(nc, "vocab_parallel", False)),
+            attention_dp_degree=_attr(nc, "attention_dp_degree", 1),
+            cp_degree=_attr(nc, "cp_degree", 1),
+            lm_head_pad=bool(lnc > 1 if lm_head_pad is None else lm_head_pad),
+            lm_head_pad_alignment_size=_attr(nc, "lm_head_pad_alignment_size", 1),
+            logical_nc_config=lnc,
+            torch_dtype=dtype,
+            cast_type=_attr(nc, "cast_type", "config"),
+        )
+
+    @property
+    def casts(self) -> bool:
+        """Whether NxDI's ``checkpoint_loader_fn`` would cast floating tensors (``_cast_helper``)."""
+        return self.torch_dtype != torch.float32 and self.cast_type == "config"
+
+    def final_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
+        """The dtype ``_cast_helper`` leaves a tensor in: floating tensors other than e4m3fn
+        FP8 and ``*scale`` become ``torch_dtype`` when it casts at all."""
+        if not self.casts or not dtype.is_floating_point or dtype == torch.float8_e4m3fn or name.endswith("scale"):
+            return dtype
+        return self.torch_dtype
+
+    def pads_lm_head(self, vocab_size: int) -> bool:
+        """NxDI's lm_head padding rule: pad (and add ``lm_head.bias``) when enabled and the
+        vocabulary does not divide into tp × alignment × logical cores."""
+        multiple = self.tp_degree * self.lm_head_pad_alignment_size * self.logical_nc_config
+        return self.lm_head_pad and vocab_size % multiple != 0
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A loaded state dict and what loading it cost."""
+
+    state_dict: dict[str, torch.Tensor]
+    shards: int = 0
+    mapped: list[str] = field(default_factory=list)  # stored tensors, views into the mappings
+    mapped_bytes: int = 0
+    mapped_dtypes: dict[str, int] = field(default_factory=dict)  # safetensors dtype → tensor count
+    derived: list[str] = field(default_factory=list)  # synthesized from the runtime config
+    cast: list[str] = field(default_factory=list)  # stored tensors copied to another dtype
+    copied_bytes: int = 0
+
+    def describe(self) -> str:
+        """A few lines saying what was mapped, derived and copied."""
+        dtypes = ", ".join(f"{count} {dtype}" for dtype, count in sorted(self.mapped_dtypes.items()))
+        lines = [
+            f"mapped {len(self.mapped)} tensors ({self.mapped_bytes:,} bytes) from {self.shards} shards "
+            f"as copy-on-write views, no tensor byte read or copied: {dtypes}",
+            f"derived {len(self.derived)} runtime entries (format §4): "
+            + ", ".join(_summarize_keys(self.derived)),
+            f"copied {self.copied_bytes:,} bytes in total (derived entries"
+            + (f", {len(self.cast)} dtype casts" if self.cast else "") + ")",
+        ]
+        return "\n".join(lines)
+
+
+def _summarize_keys(keys: list[str]) -> list[str]:
+    """``layers.0.x``, ``layers.1.x`` → ``layers.*.x ×2``; order of first appearance."""
+    counts: dict[str, int] = {}
+    for key in keys:
+        parts = key.split(".")
+        if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit():
+            key = ".".join(["layers", "*", *parts[2:]])
+        counts[key] = counts.get(key, 0) + 1
+    return [f"{key} ×{count}" if count > 1 else key for key, count in counts.items()]
+
+
+# --------------------------------------------------------------------------- mapping
+
+
+def _identity_changes(before: FileIdentity, now: FileIdentity) -> list[str]:
+    changes = []
+    if (now.device, now.inode) != (before.device, before.inode):
+        changes.append(f"inode {before.inode} → {now.inode} (the file was replaced)")
+    if now.size != before.size:
+        what = "truncated" if now.size < before.size else "grown"
+        changes.append(f"size {before.size:,} → {now.size:,} bytes ({what})")
+    if now.mtime_ns != before.mtime_ns:
+        changes.append("modification time changed (rewritten in place)")
+    return changes
+
+
+def _refuse(shard: str, changes: list[str]) -> IntegrityError:
+    return IntegrityError(
+        f"{shard} changed after the preflight: {'; '.join(changes)}. Nothing was loaded; wait "
+        "until the checkpoint is no longer being written, then load again (the preflight runs again)"
+    )
+
+
+def map_shard(shard: str, header: SafetensorsHeader) -> mmap.mmap:
+    """Map one shard private copy-on-write after checking it is the file the preflight read.
+
+    The checks run on the open descriptor that is then mapped, so the path cannot be swapped
+    between check and map; the identity is checked again after mapping.
+    """
+    try:
+        fd = os.open(header.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _refuse(shard, [f"it can no longer be opened ({exc.strerror or exc})"]) from None
+    try:
+        changes = _identity_changes(header.identity, FileIdentity.of(os.fstat(fd)))
+        if not changes:
+            prefix = os.pread(fd, PREFIX_SIZE, 0)
+            length = struct.unpack("<Q", prefix)[0] if len(prefix) == PREFIX_SIZE else -1
+            if length != header.header_length:
+                changes.append(f"header length {header.header_length:,} → {length:,}")
+            elif hashlib.sha256(os.pread(fd, length, PREFIX_SIZE)).hexdigest() != header.header_sha256:
+                changes.append("header bytes differ (tensor names, shapes or offsets were rewritten)")
+        if changes:
+            raise _refuse(shard, changes)
+        try:
+            mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError) as exc:
+            raise LoadError(f"cannot map {shard} ({header.identity.size:,} bytes): {exc}") from None
+        changes = _identity_changes(header.identity, FileIdentity.of(os.fstat(fd)))
+        if changes or len(mapping) != header.identity.size:
+            mapping.close()
+            raise _refuse(shard, changes or ["its mapped size differs"])
+        return mapping
+    finally:
+        os.close(fd)
+
+
+def _range_view(mapping: mmap.mmap, header: SafetensorsHeader, begin: int, end: int, dtype_name: str,
+                shape: tuple[int, ...], name: str) -> torch.Tensor:
+    dtype = TORCH_DTYPES.get(dtype_name)
+    if dtype is None:
+        raise LoadError(f"{name}: dtype {dtype_name} cannot be loaded as a torch tensor")
+    if end == begin:
+        return torch.empty(shape, dtype=dtype)
+    flat = torch.frombuffer(mapping, dtype=torch.uint8, count=end - begin, offset=header.data_offset + begin)
+    return flat.view(dtype).reshape(shape)
+
+
+def tensor_view(mapping: mmap.mmap, header: SafetensorsHeader, name: str) -> torch.Tensor:
+    """The tensor ``name`` of ``header`` as a view into ``mapping`` (no bytes copied)."""
+    info = header.tensors[name]
+    return _range_view(mapping, header, info.begin, info.end, info.dtype, info.shape, name)
+
+
+def fused_qkv_views(view: CheckpointView, mappings: Mapping[str, mmap.mmap]) -> dict[str, torch.Tensor]:
+    """``Wqkv.{weight,bias}`` as views of the file where a layer's q, k, v tensors lie back to
+    back in one shard in that order (our writer places them so): concatenating rows of
+    row-major tensors is concatenating their bytes. Layers stored otherwise are not listed
+    (the loader concatenates those, a copy)."""
+    views: dict[str, torch.Tensor] = {}
+    for layer in range(view.layout.dims.num_hidden_layers):  # type: ignore[union-attr]
+        attn = f"{fmt.layer_prefix(layer)}self_attn."
+        for part in ("weight", "bias"):
+            keys = [f"{attn}{proj}_proj.{part}" for proj in "qkv"]
+            shard = view.weight_map[keys[0]]
+            if any(view.weight_map[key] != shard for key in keys):
+                continue
+            header = view.headers[shard]
+            infos = [header.tensors[key] for key in keys]
+            if any(a.end != b.begin for a, b in itertools.pairwise(infos)):
+                continue
+            shape = (sum(info.shape[0] for info in infos), *infos[0].shape[1:])
+            fused = f"{attn}Wqkv.{part}"
+            views[fused] = _range_view(mappings[shard], header, infos[0].begin, infos[-1].end, infos[0].dtype, shape, fused)
+    return views
+
+
+# --------------------------------------------------------------------------- derived entries
+
+
+def _add_derived(result: LoadedCheckpoint, key: str, tensor: torch.Tensor) -> None:
+    result.state_dict[key] = tensor
+    result.derived.append(key)
+    result.copied_bytes += tensor.numel() * tensor.element_size()
+
+
+def _finalize(stored: Mapping[str, torch.Tensor], layout: fmt.Layout, options: RuntimeOptions,
+              result: LoadedCheckpoint, fused_views: Mapping[str, torch.Tensor] | None = None) -> None:
+    """Fill ``result.state_dict`` with the stored tensors (in their final dtype) and the derived
+    entries, in the order NxDI's HF conversion produces them (format §4, contract b.1)."""
+    sd = result.state_dict
+    for name, tensor in stored.items():
+        dtype = options.final_dtype(name, tensor.dtype)
+        if dtype != tensor.dtype:
+            tensor = tensor.to(dtype)
+            result.cast.append(name)
+            result.copied_bytes += tensor.numel() * tensor.element_size()
+        sd[name] = tensor
+    if result.cast:
+        logger.info("cast %d tensors to %s as NxDI would (copies): torch_dtype differs from the stored BF16",
+                    len(result.cast), options.torch_dtype)
+    dims = layout.dims
+    hidden = dims.hidden_size
+    for layer in range(dims.num_hidden_layers):
+        prefix = fmt.layer_prefix(layer)
+        # clones, not views: NxD may save per-rank checkpoints with safetensors, which refuses
+        # two tensors that share storage (a norm weight and its own first H entries would)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            _add_derived(result, f"{prefix}{norm}.weight_unpadded", sd[f"{prefix}{norm}.weight"][:hidden].clone())
+        if options.attention_dp_degree != options.cp_degree:
+            _add_derived(result, f"{prefix}self_attn.tkg_learned_sinks.sink", sd[f"{prefix}self_attn.learned_sinks.sink"].clone())
+    _add_derived(result, "norm.weight_unpadded", sd["norm.weight"][:hidden].clone())
+    if options.pads_lm_head(dims.vocab_size):
+        _add_derived(result, "lm_head.bias", torch.zeros(dims.vocab_size, dtype=options.final_dtype("lm_head.bias", torch.float32)))
+    if options.fused_qkv:
+        # NxDI's layout needs one Wqkv tensor: a view of the file when q, k, v lie back to back
+        # (and keep their dtype), else a concatenated copy. No Wqkv.scale: the format has no
+        # attention scales (attention is never quantized).
+        for layer in range(dims.num_hidden_layers):
+            attn = f"{fmt.layer_prefix(layer)}self_attn."
+            for part in ("weight", "bias"):
+                parts = [sd.pop(f"{attn}{proj}.{part}") for proj in ("q_proj", "k_proj", "v_proj")]
+                key = f"{attn}Wqkv.{part}"
+                ready = (fused_views or {}).get(key)
+                if ready is not None and ready.dtype == parts[0].dtype:
+                    sd[key] = ready
+                    result.derived.append(key)
+                else:
+                    _add_derived(result, key, torch.cat(parts))
+    if options.vocab_parallel:
+        _add_derived(result, "embed_tokens.rank_util.rank", torch.arange(0, options.local_ranks_size))
+    for layer in range(dims.num_hidden_layers):
+        _add_derived(result, f"{fmt.layer_prefix(layer)}self_attn.rank_util.rank",
+                     torch.arange(0, options.tp_degree, dtype=torch.int32))
+    _add_derived(result, "rank_util.rank", torch.arange(0, options.tp_degree, dtype=torch.int32))
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    config: Any = None,
+    *,
+    report: PreflightReport | None = None,
+    allow_custom_model: bool | None = None,
+) -> LoadedCheckpoint:
+    """Preflight (unless ``report`` is a clean report of ``path``), then map and finalize.
+
+    Args:
+        path: the checkpoint directory.
+        config: NxDI's InferenceConfig (or its NeuronConfig, or a mapping); ``None`` uses
+            NxDI's NeuronConfig defaults (tp 1, no fused QKV, ...).
+        report: a preflight report of ``path`` made with the same config; reused, not redone.
+        allow_custom_model: accept a custom profile; default: the environment opt-in.
+
+    Raises ``PreflightError`` listing every finding, ``IntegrityError`` when a shard changed
+    after the preflight, ``LoadError`` when a shard cannot be mapped. Example::
+
+        sd = load_checkpoint("/ckpt/gpt-oss-120b-fp8", inference_config).state_dict
+    """
+    if report is None:
+        if allow_custom_model is None:
+            allow_custom_model = allow_custom_from_env()
+        nc = neuron_config_view(config) if config is not None else None
+        inference_config = config if config is not None and nc is not config else None
+        report = preflight(path, neuron_config=nc, inference_config=inference_config,
+                           allow_custom_model=allow_custom_model)
+    report.raise_if_failed()
+    view = report.view
+    if view is None or view.layout is None:
+        raise LoadError(f"{path}: the preflight report holds no parsed checkpoint to load")
+    options = RuntimeOptions.from_config(config)
+    result = LoadedCheckpoint(state_dict={}, shards=len(view.headers))
+    stored: dict[str, torch.Tensor] = {}
+    mappings = {shard: map_shard(shard, header) for shard, header in sorted(view.headers.items())}
+    for name in fmt.expected_namespace(view.layout):
+        shard = view.weight_map[name]
+        info = view.headers[shard].tensors[name]
+        stored[name] = tensor_view(mappings[shard], view.headers[shard], name)
+        result.mapped.append(name)
+        result.mapped_bytes += info.nbytes
+        result.mapped_dtypes[info.dtype] = result.mapped_dtypes.get(info.dtype, 0) + 1
+    fused_views = fused_qkv_views(view, mappings) if options.fused_qkv else None
+    _finalize(stored, view.layout, options, result, fused_views)
+    return result
+
+
+def load_state_dict(
+    path: str | os.PathLike[str],
+    config: Any = None,
+    *,
+    report: PreflightReport | None = None,
+    allow_custom_model: bool | None = None,
+) -> dict[str, torch.Tensor]:
+    """The state dict NxDI's ``checkpoint_loader_fn`` would return for this checkpoint and
+    config (without a speculation prefix); see ``load_checkpoint`` for the arguments."""
+    return load_checkpoint(path, config, report=report, allow_custom_model=allow_custom_model).state_dict
+
+
+def describe_load(path: str | os.PathLike[str], config: Any = None) -> str:
+    """Load ``path`` (custom profiles allowed) and say what was mapped, derived and copied."""
+    loaded = load_checkpoint(path, config, allow_custom_model=True)
+    return loaded.describe()

@@ -1,0 +1,1046 @@
+"""An adversarial corpus: named malformed checkpoints, each with the check that must catch it.
+
+Every case starts from a valid tiny checkpoint (``make_tiny``: unpadded, or padded for the
+padding cases), breaks it in one realistic way, and by default re-syncs the index's
+``total_size`` and ``shard_sha256`` so the intended defect is the only one (cases about those
+fields opt out). ``corpus(bases)`` yields ``(name, expected_check, builder)``; ``builder(dest)``
+writes the case into ``dest`` and returns the preflight keyword arguments it needs
+(``deep``, ``verify_checksums``, ``neuron_config``, ``allow_custom_model``).
+
+    python test/corpus.py OUT_DIR     # writes every case into OUT_DIR/<name>/ and validates it
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import struct
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckpt_edit import read_json, shard_of, shards, write_json
+
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.safetensors_header import HeaderError, read_header
+from nxdi_gptoss_fp8.writer import build_header
+
+Options = dict[str, Any]
+Builder = Callable[[Path], Options]
+
+GATE_UP_W = f"layers.0.{fmt.GATE_UP}.weight"
+GATE_UP_S = f"layers.0.{fmt.GATE_UP}.scale"
+GATE_UP_B = f"layers.0.{fmt.GATE_UP}.bias"
+DOWN_W = f"layers.0.{fmt.DOWN}.weight"
+DOWN_S = f"layers.0.{fmt.DOWN}.scale"
+
+# A NeuronConfig that runs the tiny checkpoint; each neuron_config case breaks one thing.
+GOOD_NEURON_CONFIG: dict[str, Any] = {
+    "quantized": True,
+    "quantized_checkpoints_path": "/ckpt",
+    "quantization_dtype": fmt.QUANTIZATION_DTYPE,
+    "quantization_type": fmt.QUANTIZATION_TYPE,
+    "modules_to_not_convert": ["self_attn", "lm_head"],
+    "tp_degree": 2,
+}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Bases:
+    """The valid checkpoints cases start from (or borrow files from)."""
+
+    tiny: Path
+    padded: Path
+    other_plan: Path  # same model, written with a different shard plan
+    other_seed: Path  # same layout and shard plan, different values
+
+    @classmethod
+    def create(cls, root: str | os.PathLike[str]) -> Bases:
+        """Write the base checkpoints under ``root`` (needs torch; about two seconds)."""
+        from nxdi_gptoss_fp8.tiny import make_tiny
+
+        root = Path(root)
+        return cls(
+            tiny=Path(make_tiny(root / "tiny")),
+            padded=Path(make_tiny(root / "padded", padded_hidden_size=96, padded_intermediate_size=96)),
+            other_plan=Path(make_tiny(root / "other-plan", max_shard_size=30_000)),
+            other_seed=Path(make_tiny(root / "other-seed", seed=1)),
+        )
+
+
+class Ckpt:
+    """Edit a checkpoint directory in place: index, config, shard headers and bytes."""
+
+    def __init__(self, root: Path, bases: Bases | None = None) -> None:
+        self.root = Path(root)
+        self._bases = bases
+
+    @property
+    def bases(self) -> Bases:
+        assert self._bases is not None, "this edit borrows files from the base checkpoints"
+        return self._bases
+
+    # ----------------------------------------------------------------- JSON files
+    def load(self, name: str) -> Any:
+        return read_json(self.root / name)
+
+    def save(self, name: str, document: Any) -> None:
+        write_json(self.root / name, document)
+
+    @property
+    def index(self) -> dict[str, Any]:
+        return self.load(fmt.INDEX_FILE)
+
+    def edit_index(self, edit: Callable[[dict[str, Any]], Any]) -> None:
+        document = self.index
+        edit(document)
+        self.save(fmt.INDEX_FILE, document)
+
+    def edit_metadata(self, **fields: Any) -> None:
+        self.edit_index(lambda doc: doc["metadata"].update(fields))
+
+    def edit_config(self, **fields: Any) -> None:
+        config = self.load(fmt.CONFIG_FILE)
+        config.update(fields)
+        self.save(fmt.CONFIG_FILE, config)
+
+    def replace_in(self, name: str, old: str, new: str) -> None:
+        text = (self.root / name).read_text()
+        assert old in text, f"{old!r} not in {name}"
+        (self.root / name).write_text(text.replace(old, new, 1))
+
+    # ----------------------------------------------------------------- shards
+    def shard_of(self, key: str) -> str:
+        return shard_of(self.root, key)
+
+    def shards(self) -> list[str]:
+        return shards(self.root)
+
+    def tensors(self, shard: str) -> dict[str, Tensor]:
+        path = self.root / shard
+        header = read_header(path)
+        data = path.read_bytes()[header.data_offset:]
+        ordered = sorted(header.tensors.values(), key=lambda t: t.begin)
+        return {t.name: Tensor(t.dtype, t.shape, data[t.begin:t.end]) for t in ordered}
+
+    def write_shard(self, shard: str, tensors: dict[str, Tensor]) -> None:
+        """Re-pack ``shard`` with these tensors through the writer's header builder."""
+        specs = [fmt.TensorSpec(name, t.shape, t.dtype) for name, t in tensors.items()]
+        header, offsets = build_header(specs)
+        out = bytearray(header) + bytearray(sum(len(t.data) for t in tensors.values()))
+        for name, tensor in tensors.items():
+            assert len(tensor.data) == fmt.TensorSpec(name, tensor.shape, tensor.dtype).nbytes, name
+            out[offsets[name]:offsets[name] + len(tensor.data)] = tensor.data
+        (self.root / shard).write_bytes(bytes(out))
+
+    def edit_shard(self, shard: str, edit: Callable[[dict[str, Tensor]], Any]) -> None:
+        tensors = self.tensors(shard)
+        edit(tensors)
+        self.write_shard(shard, tensors)
+
+    def raw_header(self, shard: str) -> tuple[bytes, bytes]:
+        """(header JSON bytes, data bytes) of ``shard``."""
+        blob = (self.root / shard).read_bytes()
+        (length,) = struct.unpack("<Q", blob[:8])
+        return blob[8:8 + length], blob[8 + length:]
+
+    def write_raw(self, shard: str, header: bytes | dict[str, Any], data: bytes, *, length: int | None = None) -> None:
+        text = header if isinstance(header, bytes) else json.dumps(header, separators=(",", ":")).encode()
+        prefix = struct.pack("<Q", len(text) if length is None else length)
+        (self.root / shard).write_bytes(prefix + text + data)
+
+    def edit_header_json(self, shard: str, edit: Callable[[dict[str, Any]], Any]) -> None:
+        text, data = self.raw_header(shard)
+        document = json.loads(text)
+        edit(document)
+        self.write_raw(shard, document, data)
+
+    def poke(self, key: str, position: int, value: bytes) -> None:
+        """Overwrite bytes of tensor ``key`` starting at byte ``position`` of its data."""
+        shard = self.shard_of(key)
+        header = read_header(self.root / shard)
+        info = header.tensors[key]
+        assert position + len(value) <= info.nbytes
+        with open(self.root / shard, "r+b") as handle:
+            handle.seek(header.data_offset + info.begin + position)
+            handle.write(value)
+
+    def move_tensor(self, key: str, to_shard: str, *, update_index: bool = True) -> None:
+        source = self.shard_of(key)
+        moved: dict[str, Tensor] = {}
+        self.edit_shard(source, lambda ts: moved.update({key: ts.pop(key)}))
+        self.edit_shard(to_shard, lambda ts: ts.update(moved))
+        if update_index:
+            self.edit_index(lambda doc: doc["weight_map"].update({key: to_shard}))
+
+    def add_tensor(self, key: str, tensor: Tensor, shard: str | None = None) -> None:
+        shard = shard or self.shards()[0]
+        self.edit_shard(shard, lambda ts: ts.update({key: tensor}))
+        self.edit_index(lambda doc: doc["weight_map"].update({key: shard}))
+
+    def remove_tensor(self, key: str) -> None:
+        shard = self.shard_of(key)
+        self.edit_shard(shard, lambda ts: ts.pop(key))
+        self.edit_index(lambda doc: doc["weight_map"].pop(key))
+
+    def sync(self) -> None:
+        """Recompute total_size and shard_sha256 so only the intended defect remains."""
+        try:
+            document = self.index
+            weight_map, metadata = document["weight_map"], document["metadata"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        shards = sorted({s for s in weight_map.values() if isinstance(s, str)} if isinstance(weight_map, dict) else ())
+        total, digests = 0, {}
+        for shard in shards:
+            path = self.root / shard
+            if "/" in shard or not path.is_file():
+                return
+            try:
+                total += sum(t.nbytes for t in read_header(path).tensors.values())
+            except HeaderError:
+                total = -1
+            digests[shard] = hashlib.sha256(path.read_bytes()).hexdigest()
+        if total >= 0:
+            metadata["total_size"] = total
+        if "shard_sha256" in metadata:
+            metadata["shard_sha256"] = digests
+        self.save(fmt.INDEX_FILE, document)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    check: str
+    mutate: Callable[[Ckpt], Options | None]
+    base: str
+    sync: bool
+
+
+CASES: list[Case] = []
+
+
+def case(name: str, check: str, *, base: str = "tiny", sync: bool = True) -> Callable[[Callable[[Ckpt], Any]], Any]:
+    """Register a corpus case: ``mutate(ckpt)`` breaks a copy of the base checkpoint."""
+    def register(mutate: Callable[[Ckpt], Options | None]) -> Callable[[Ckpt], Options | None]:
+        assert check in _CHECKS, check
+        assert all(c.name != name for c in CASES), name
+        CASES.append(Case(name, check, mutate, base, sync))
+        return mutate
+    return register
+
+
+def corpus(bases: Bases) -> Iterator[tuple[str, str, Builder]]:
+    """Yield ``(name, expected_check, builder)`` for every case."""
+    for entry in CASES:
+        yield entry.name, entry.check, functools.partial(_build, entry, bases)
+
+
+def _build(entry: Case, bases: Bases, dest: Path) -> Options:
+    shutil.copytree(getattr(bases, entry.base), dest, symlinks=True)
+    ckpt = Ckpt(Path(dest), bases)
+    options: Options = {"allow_custom_model": True}
+    options.update(entry.mutate(ckpt) or {})
+    if entry.sync and Path(dest).is_dir():
+        ckpt.sync()
+    return options
+
+
+_CHECKS = ("filesystem", "index", "header", "ownership", "collision", "namespace", "dtype_shape",
+           "sidecar", "values", "config", "neuron_config", "integrity")
+SHARD1 = "model-00001-of-00004.safetensors"
+SHARD2 = "model-00002-of-00004.safetensors"
+
+
+def _shard_files(root: Path) -> list[Path]:
+    return sorted(root.glob("*.safetensors"))
+
+
+def _f32(*values: float) -> bytes:
+    return struct.pack(f"<{len(values)}f", *values)
+
+
+def _zeros(dtype: str, shape: tuple[int, ...]) -> Tensor:
+    return Tensor(dtype, shape, bytes(fmt.TensorSpec("x", shape, dtype).nbytes))
+
+
+# ============================================================================ filesystem
+
+
+@case("missing_directory", "filesystem")
+def _(ck: Ckpt) -> None:
+    shutil.rmtree(ck.root)
+
+
+@case("path_is_a_file", "filesystem")
+def _(ck: Ckpt) -> None:
+    shutil.rmtree(ck.root)
+    ck.root.write_text("not a checkpoint")
+
+
+@case("missing_index", "filesystem")
+def _(ck: Ckpt) -> None:
+    (ck.root / fmt.INDEX_FILE).unlink()
+
+
+@case("single_file_model_without_index", "filesystem")
+def _(ck: Ckpt) -> None:
+    (ck.root / fmt.INDEX_FILE).unlink()
+    for shard in list(ck.root.glob("*.safetensors"))[1:]:
+        shard.unlink()
+    next(ck.root.glob("*.safetensors")).rename(ck.root / "model.safetensors")
+
+
+@case("shard_name_dotdot", "filesystem")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": "../x.safetensors"}))
+
+
+@case("shard_name_absolute", "filesystem")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": "/etc/passwd"}))
+
+
+@case("shard_name_backslash", "filesystem")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": "sub\\model.safetensors"}))
+
+
+@case("shard_name_drive_letter", "filesystem")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": "C:model.safetensors"}))
+
+
+@case("symlinked_shard_outside", "filesystem")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("norm.weight")
+    (ck.root / shard).unlink()
+    (ck.root / shard).symlink_to(ck.bases.tiny / shard)
+
+
+@case("shard_is_a_directory", "filesystem")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("norm.weight")
+    (ck.root / shard).unlink()
+    (ck.root / shard).mkdir()
+
+
+@case("stray_pytorch_bin_pickle", "filesystem")
+def _(ck: Ckpt) -> None:
+    (ck.root / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")  # a pickle: never opened
+
+
+@case("stray_second_safetensors_set", "filesystem")
+def _(ck: Ckpt) -> None:
+    first = _shard_files(ck.bases.other_plan)[0]
+    shutil.copy(first, ck.root / first.name)
+
+
+@case("stray_pt_non_utf8_name", "filesystem")
+def _(ck: Ckpt) -> None:
+    with open(os.path.join(os.fsencode(ck.root), b"consolidated\xff.pt"), "wb") as handle:
+        handle.write(b"\x80\x02.")
+
+
+# ============================================================================ index
+
+
+@case("index_not_json", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    (ck.root / fmt.INDEX_FILE).write_text("{'metadata': {},")
+
+
+@case("index_not_utf8", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    (ck.root / fmt.INDEX_FILE).write_bytes(b'{"metadata": {"format": "\xff\xfe"}}')
+
+
+@case("index_not_an_object", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    (ck.root / fmt.INDEX_FILE).write_text("[1, 2, 3]")
+
+
+@case("index_json_null", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    (ck.root / fmt.INDEX_FILE).write_text("null")
+
+
+@case("index_duplicate_weight_map_key", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.INDEX_FILE, '"weight_map": {', f'"weight_map": {{\n    "norm.weight": "{SHARD1}",')
+
+
+@case("index_duplicate_metadata_key", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.INDEX_FILE, '"metadata": {', '"metadata": {\n    "padded_hidden_size": 96,')
+
+
+@case("index_nan_literal", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.INDEX_FILE, '"fp8_max": 240.0', '"fp8_max": NaN')
+
+
+@case("index_integer_beyond_digit_limit", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.INDEX_FILE, '"format_version": 1', '"format_version": 1' + "0" * 5000)
+
+
+@case("index_lone_surrogate_shard_name", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.INDEX_FILE, '"norm.weight": "', '"norm.weight": "\\ud800')
+
+
+@case("index_deeply_nested", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.INDEX_FILE, '"source": {', '"source": {"x": ' + "[" * 100_000 + "]" * 100_000 + ",")
+
+
+@case("index_missing_metadata_field", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["metadata"].pop("padded_hidden_size"))
+
+
+@case("index_extra_metadata_field", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(quantization_block_size=128)
+
+
+@case("index_extra_top_level_field", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc.update(version="1"))
+
+
+@case("index_format_version_2", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(format_version=2)
+
+
+@case("index_format_version_bool", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(format_version=True)
+
+
+@case("index_fp8_max_448_ocp_range", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(fp8_max=448.0)
+
+
+@case("index_wrong_format_name", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(format="compressed-tensors")
+
+
+@case("index_unknown_profile", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(model_profile="gpt-oss-200b")
+
+
+@case("index_total_size_wrong", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(total_size=ck.index["metadata"]["total_size"] + 2)
+
+
+@case("index_total_size_is_file_sizes", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(total_size=sum((ck.root / s).stat().st_size for s in ck.shards()))
+
+
+@case("index_empty_weight_map", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc.update(weight_map={}))
+
+
+@case("index_weight_map_not_an_object", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc.update(weight_map=[SHARD1]))
+
+
+@case("index_shard_name_not_a_string", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": 4}))
+
+
+@case("hf_index_over_normalized_shards", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc.update(metadata={"total_size": doc["metadata"]["total_size"]}))
+
+
+@case("index_digest_uppercase_hex", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["metadata"]["shard_sha256"].update(
+        {SHARD1: doc["metadata"]["shard_sha256"][SHARD1].upper()}))
+
+
+@case("index_digest_for_unknown_shard", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["metadata"]["shard_sha256"].update({"model-00009-of-00009.safetensors": "0" * 64}))
+
+
+@case("index_digests_not_an_object", "index", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["metadata"].update(shard_sha256=sorted(doc["metadata"]["shard_sha256"].values())))
+
+
+@case("index_source_not_an_object", "index")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(source="converted by hand")
+
+
+# ============================================================================ header
+
+
+def _header_case(name: str, check: str = "header") -> Callable[[Callable[[Ckpt, str], Any]], Any]:
+    """A case that breaks the header of the shard holding norm.weight."""
+    def register(mutate: Callable[[Ckpt, str], Any]) -> Callable[[Ckpt, str], Any]:
+        case(name, check)(lambda ck: mutate(ck, ck.shard_of("norm.weight")))
+        return mutate
+    return register
+
+
+@_header_case("half_copied_shard")
+def _(ck: Ckpt, shard: str) -> None:
+    path = ck.root / shard
+    os.truncate(path, path.stat().st_size // 2)
+
+
+@_header_case("shard_shorter_than_prefix")
+def _(ck: Ckpt, shard: str) -> None:
+    (ck.root / shard).write_bytes(b"\x10\x00\x00")
+
+
+@_header_case("empty_shard_file")
+def _(ck: Ckpt, shard: str) -> None:
+    (ck.root / shard).write_bytes(b"")
+
+
+@_header_case("length_prefix_2_64_minus_1")
+def _(ck: Ckpt, shard: str) -> None:
+    text, data = ck.raw_header(shard)
+    ck.write_raw(shard, text, data, length=2**64 - 1)
+
+
+@_header_case("length_prefix_above_cap")
+def _(ck: Ckpt, shard: str) -> None:
+    text, data = ck.raw_header(shard)
+    ck.write_raw(shard, text, data, length=100_000_001)
+
+
+@_header_case("length_prefix_beyond_file")
+def _(ck: Ckpt, shard: str) -> None:
+    text, data = ck.raw_header(shard)
+    ck.write_raw(shard, text, data, length=len(text) + len(data) + 1)
+
+
+@_header_case("header_padded_with_nuls")
+def _(ck: Ckpt, shard: str) -> None:
+    text, data = ck.raw_header(shard)
+    stripped = text.rstrip(b" ")
+    ck.write_raw(shard, stripped + b"\x00" * (len(text) - len(stripped) + 8), data)
+
+
+@_header_case("duplicate_names_in_one_header")
+def _(ck: Ckpt, shard: str) -> None:
+    text, data = ck.raw_header(shard)
+    entry = json.dumps({"norm.weight": {"dtype": "BF16", "shape": [0], "data_offsets": [0, 0]}})[1:-1]
+    ck.write_raw(shard, b"{" + entry.encode() + b"," + text.strip()[1:], data)
+
+
+@_header_case("header_not_utf8")
+def _(ck: Ckpt, shard: str) -> None:
+    text, data = ck.raw_header(shard)
+    ck.write_raw(shard, text.replace(b'"norm.weight"', b'"norm.w\xe9ight"'), data)
+
+
+@_header_case("header_json_array")
+def _(ck: Ckpt, shard: str) -> None:
+    _, data = ck.raw_header(shard)
+    ck.write_raw(shard, b"[" + b" " * 6 + b"]", data)
+
+
+@_header_case("header_nan_offset")
+def _(ck: Ckpt, shard: str) -> None:
+    text, data = ck.raw_header(shard)
+    ck.write_raw(shard, text.replace(b'"data_offsets":[0,', b'"data_offsets":[NaN,', 1), data)
+
+
+@_header_case("header_deeply_nested_metadata")
+def _(ck: Ckpt, shard: str) -> None:
+    text, data = ck.raw_header(shard)
+    ck.write_raw(shard, b'{"__metadata__":' + b"[" * 200_000 + b"]" * 200_000 + b"," + text.strip()[1:], data)
+
+
+@_header_case("header_metadata_not_strings")
+def _(ck: Ckpt, shard: str) -> None:
+    ck.edit_header_json(shard, lambda doc: doc.update({"__metadata__": {"format": 1}}))
+
+
+@_header_case("unknown_dtype_f8_e4m3fn")
+def _(ck: Ckpt, shard: str) -> None:
+    ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(dtype="F8_E4M3FN"))
+
+
+@_header_case("negative_shape")
+def _(ck: Ckpt, shard: str) -> None:
+    ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(shape=[-64]))
+
+
+@_header_case("float_shape")
+def _(ck: Ckpt, shard: str) -> None:
+    ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(shape=[64.0]))
+
+
+@_header_case("entry_with_extra_field")
+def _(ck: Ckpt, shard: str) -> None:
+    ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(layout="row_major"))
+
+
+@_header_case("size_not_numel_times_itemsize")
+def _(ck: Ckpt, shard: str) -> None:
+    ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(shape=[63]))
+
+
+@_header_case("shape_overflows_64_bits")
+def _(ck: Ckpt, shard: str) -> None:
+    ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(shape=[2**40, 2**40]))
+
+
+def _shift(doc: dict[str, Any], key: str, delta: int) -> None:
+    begin, end = doc[key]["data_offsets"]
+    doc[key]["data_offsets"] = [begin + delta, end + delta]
+
+
+@_header_case("overlapping_offsets")
+def _(ck: Ckpt, shard: str) -> None:
+    def edit(doc: dict[str, Any]) -> None:
+        last = max((k for k in doc if k != "__metadata__"), key=lambda k: doc[k]["data_offsets"][0])
+        _shift(doc, last, -2)
+    ck.edit_header_json(shard, edit)
+
+
+@_header_case("gap_between_tensors")
+def _(ck: Ckpt, shard: str) -> None:
+    text, data = ck.raw_header(shard)
+    document = json.loads(text)
+    last = max(document, key=lambda k: document[k]["data_offsets"][0])
+    begin = document[last]["data_offsets"][0]
+    _shift(document, last, 2)
+    ck.write_raw(shard, document, data[:begin] + b"\x00\x00" + data[begin:])
+
+
+@_header_case("trailing_bytes_after_data")
+def _(ck: Ckpt, shard: str) -> None:
+    with open(ck.root / shard, "ab") as handle:
+        handle.write(b"\x00" * 16)
+
+
+@_header_case("offsets_not_from_zero")
+def _(ck: Ckpt, shard: str) -> None:
+    text, data = ck.raw_header(shard)
+    document = json.loads(text)
+    for key in document:
+        _shift(document, key, 8)
+    ck.write_raw(shard, document, bytes(8) + data)
+
+
+# ============================================================================ ownership, collision
+
+
+@case("key_assigned_to_wrong_shard", "ownership")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": SHARD1}))
+
+
+@case("key_missing_from_index", "ownership")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["weight_map"].pop("norm.weight"))
+
+
+@case("listed_shard_missing", "ownership")
+def _(ck: Ckpt) -> None:
+    (ck.root / ck.shard_of("norm.weight")).unlink()
+
+
+@case("second_checkpoints_shard_dropped_in", "ownership")
+def _(ck: Ckpt) -> None:
+    shutil.copy(_shard_files(ck.bases.other_plan)[1], ck.root / SHARD2)
+
+
+@case("tensor_in_two_shards", "collision")
+def _(ck: Ckpt) -> None:
+    copy = ck.tensors(ck.shard_of("norm.weight"))["norm.weight"]
+    ck.edit_shard(SHARD1, lambda ts: ts.update({"norm.weight": copy}))
+
+
+@case("tensor_in_two_shards_both_listed_elsewhere", "collision")
+def _(ck: Ckpt) -> None:
+    copy = ck.tensors(SHARD1)[GATE_UP_B]
+    ck.edit_shard(SHARD2, lambda ts: ts.update({GATE_UP_B: copy}))
+
+
+# ============================================================================ namespace
+
+
+@case("missing_canonical_key", "namespace")
+def _(ck: Ckpt) -> None:
+    ck.remove_tensor("layers.1.self_attn.learned_sinks.sink")
+
+
+@case("unexpected_key", "namespace")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor("layers.0.self_attn.q_norm.weight", _zeros("BF16", (64,)))
+
+
+@case("layer_beyond_num_hidden_layers", "namespace")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor("layers.2.input_layernorm.weight", _zeros("BF16", (64,)))
+
+
+@case("derived_rank_util_stored", "namespace")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor("rank_util.rank", Tensor("I32", (2,), struct.pack("<2i", 0, 1)))
+
+
+@case("derived_weight_unpadded_stored", "namespace")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor("norm.weight_unpadded", _zeros("BF16", (64,)))
+
+
+@case("derived_lm_head_bias_stored", "namespace")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor("lm_head.bias", _zeros("F32", (128,)))
+
+
+@case("derived_fused_wqkv_stored", "namespace")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor("layers.0.self_attn.Wqkv.weight", _zeros("BF16", (128, 64)))
+
+
+@case("hf_model_prefix_names", "namespace")
+def _(ck: Ckpt) -> None:
+    for shard in ck.shards():
+        ck.edit_shard(shard, lambda ts: ts.update({f"model.{k}": ts.pop(k) for k in list(ts)}))
+    ck.edit_index(lambda doc: doc.update(weight_map={f"model.{k}": v for k, v in doc["weight_map"].items()}))
+
+
+@case("key_renamed_to_legacy_name", "namespace")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("embed_tokens.weight")
+    ck.edit_shard(shard, lambda ts: ts.update({"embedding.weight": ts.pop("embed_tokens.weight")}))
+    ck.edit_index(lambda doc: doc["weight_map"].update({"embedding.weight": doc["weight_map"].pop("embed_tokens.weight")}))
+
+
+@case("hf_mxfp4_blocks_tensor", "namespace")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor("layers.0.mlp.experts.gate_up_proj_blocks", _zeros("U8", (4, 128, 2, 16)))
+
+
+@case("legacy_block_prefix_tensor", "namespace")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor("block.0.attn.norm.scale", _zeros("BF16", (64,)))
+
+
+# ============================================================================ dtype_shape
+
+
+def _retype(ck: Ckpt, key: str, dtype: str, shape: tuple[int, ...] | None = None) -> None:
+    def edit(ts: dict[str, Tensor]) -> None:
+        old = ts[key]
+        ts[key] = _zeros(dtype, shape or old.shape)
+    ck.edit_shard(ck.shard_of(key), edit)
+
+
+@case("bias_stored_f32", "dtype_shape")
+def _(ck: Ckpt) -> None:
+    _retype(ck, GATE_UP_B, "F32")
+
+
+@case("expert_weight_e5m2", "dtype_shape")
+def _(ck: Ckpt) -> None:
+    _retype(ck, GATE_UP_W, "F8_E5M2")
+
+
+@case("expert_weight_unquantized_bf16", "dtype_shape")
+def _(ck: Ckpt) -> None:
+    _retype(ck, DOWN_W, "BF16")
+
+
+@case("gate_up_in_hf_orientation", "dtype_shape")
+def _(ck: Ckpt) -> None:
+    _retype(ck, GATE_UP_W, "F8_E4M3", (4, 128, 64))
+
+
+@case("scale_without_singleton_dim", "dtype_shape")
+def _(ck: Ckpt) -> None:
+    _retype(ck, GATE_UP_S, "F32", (4, 128))
+
+
+@case("scale_stored_bf16", "dtype_shape")
+def _(ck: Ckpt) -> None:
+    _retype(ck, DOWN_S, "BF16")
+
+
+@case("norm_with_wrong_length", "dtype_shape")
+def _(ck: Ckpt) -> None:
+    _retype(ck, "norm.weight", "BF16", (65,))
+
+
+# ============================================================================ sidecar
+
+
+@case("missing_scale", "sidecar")
+def _(ck: Ckpt) -> None:
+    ck.remove_tensor(GATE_UP_S)
+
+
+@case("orphan_scale_without_weight", "sidecar")
+def _(ck: Ckpt) -> None:
+    ck.remove_tensor(DOWN_W)
+
+
+@case("scale_moved_to_other_shard", "sidecar")
+def _(ck: Ckpt) -> None:
+    ck.move_tensor(GATE_UP_S, SHARD2)
+
+
+@case("stray_weight_scale", "sidecar")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor(f"layers.0.{fmt.GATE_UP}.weight_scale", _zeros("F32", (4, 1, 128)))
+
+
+@case("stray_input_scale", "sidecar")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor(f"layers.0.{fmt.DOWN}.input_scale", Tensor("F32", (1,), _f32(1.0)))
+
+
+@case("stray_attention_weight_scale", "sidecar")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor("layers.0.self_attn.q_proj.weight_scale", Tensor("F32", (1,), _f32(1.0)))
+
+
+# ============================================================================ values
+
+
+@case("nan_scale", "values")
+def _(ck: Ckpt) -> None:
+    ck.poke(GATE_UP_S, 4 * 7, struct.pack("<I", 0x7FC00000))
+
+
+@case("zero_scale", "values")
+def _(ck: Ckpt) -> None:
+    ck.poke(DOWN_S, 0, _f32(0.0))
+
+
+@case("negative_scale", "values")
+def _(ck: Ckpt) -> None:
+    ck.poke(DOWN_S, 4 * 3, _f32(-0.01))
+
+
+@case("negative_zero_scale", "values")
+def _(ck: Ckpt) -> None:
+    ck.poke(DOWN_S, 4 * 5, _f32(-0.0))
+
+
+@case("infinite_scale", "values")
+def _(ck: Ckpt) -> None:
+    ck.poke(GATE_UP_S, 4 * 100, _f32(float("inf")))
+
+
+@case("deep_fp8_nan_byte_0x7f", "values")
+def _(ck: Ckpt) -> Options:
+    ck.poke(GATE_UP_W, 1234, b"\x7f")
+    return {"deep": True}
+
+
+@case("deep_fp8_minus_256_byte_0xf8", "values")
+def _(ck: Ckpt) -> Options:
+    ck.poke(DOWN_W, 4095, b"\xf8")
+    return {"deep": True}
+
+
+@case("deep_nonzero_gate_padding_column", "values", base="padded")
+def _(ck: Ckpt) -> Options:
+    ck.poke(GATE_UP_W, 5 * 192 + 70, b"\x38")  # expert 0, row 5, gate column 70 (I=64, I'=96)
+    return {"deep": True}
+
+
+@case("deep_nonzero_up_padding_column", "values", base="padded")
+def _(ck: Ckpt) -> Options:
+    ck.poke(GATE_UP_W, 96 * 192 * 3 + 2 * 192 + 191, b"\x01")  # expert 3, row 2, last up column
+    return {"deep": True}
+
+
+@case("deep_nonzero_gate_up_padding_row", "values", base="padded")
+def _(ck: Ckpt) -> Options:
+    ck.poke(GATE_UP_W, 80 * 192 + 3, b"\x30")  # row 80 >= H=64
+    return {"deep": True}
+
+
+@case("deep_nonzero_down_padding_row", "values", base="padded")
+def _(ck: Ckpt) -> Options:
+    ck.poke(DOWN_W, 96 * 96 + 70 * 96 + 1, b"\x30")  # expert 1, row 70 >= I=64
+    return {"deep": True}
+
+
+@case("deep_nonzero_bf16_embedding_padding", "values", base="padded")
+def _(ck: Ckpt) -> Options:
+    ck.poke("embed_tokens.weight", 2 * (3 * 96 + 90), struct.pack("<H", 0x3F80))  # row 3, column 90
+    return {"deep": True}
+
+
+# ============================================================================ config
+
+
+@case("config_missing", "config")
+def _(ck: Ckpt) -> None:
+    (ck.root / fmt.CONFIG_FILE).unlink()
+
+
+@case("config_not_json", "config")
+def _(ck: Ckpt) -> None:
+    (ck.root / fmt.CONFIG_FILE).write_text('{"model_type": "gpt_oss",')
+
+
+@case("config_json_null", "config")
+def _(ck: Ckpt) -> None:
+    (ck.root / fmt.CONFIG_FILE).write_text("null\n")
+
+
+@case("config_duplicate_key", "config")
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.CONFIG_FILE, '"hidden_size": 64', '"hidden_size": 64, "hidden_size": 64')
+
+
+@case("config_wrong_model_type", "config")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(model_type="llama")
+
+
+@case("config_wrong_architecture", "config")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(architectures=["GptOssForCausalLM", "MistralForCausalLM"])
+
+
+@case("config_mxfp4_quantization", "config")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]})
+
+
+@case("config_foreign_quantization", "config")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+
+
+@case("custom_profile_without_opt_in", "config")
+def _(ck: Ckpt) -> Options:
+    return {"allow_custom_model": False}
+
+
+@case("profile_claims_gpt_oss_20b", "config")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(model_profile="gpt-oss-20b")
+
+
+@case("padded_size_not_multiple_of_32", "config")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(padded_hidden_size=80)
+
+
+@case("padded_size_below_model_size", "config")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(padded_intermediate_size=32)
+
+
+@case("config_hidden_size_disagrees_with_index", "config")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(hidden_size=128)
+
+
+@case("config_dimension_as_float", "config")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(num_local_experts=4.0)
+
+
+@case("config_dimension_missing", "config")
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.CONFIG_FILE, '"head_dim": 16,', "")
+
+
+# ============================================================================ neuron_config
+
+
+def _neuron_case(name: str, **changes: Any) -> None:
+    config = {**GOOD_NEURON_CONFIG, **changes}
+    case(name, "neuron_config")(lambda ck: {"neuron_config": config})
+
+
+_neuron_case("nc_not_quantized", quantized=False)
+_neuron_case("nc_quantization_dtype_int8", quantization_dtype="int8")
+_neuron_case("nc_per_channel_not_expert_wise", quantization_type="per_channel_symmetric")
+_neuron_case("nc_padded_intermediate_differs", padded_intermediate_size=96)
+_neuron_case("nc_mxfp4_compute_on", is_mxfp4_compute=True)
+_neuron_case("nc_attention_not_excluded", modules_to_not_convert=["lm_head"])
+_neuron_case("nc_lm_head_not_excluded", modules_to_not_convert=["self_attn"])
+_neuron_case("nc_experts_excluded", modules_to_not_convert=["self_attn", "lm_head", "mlp_op"])
+_neuron_case("nc_tp_does_not_divide_intermediate", tp_degree=3)
+_neuron_case("nc_ep_does_not_divide_experts", moe_ep_degree=3, moe_tp_degree=1)
+_neuron_case("nc_tp_degree_zero", tp_degree=0)
+
+
+# ============================================================================ integrity
+
+
+@case("digest_mismatch_flipped_data_byte", "integrity", sync=False)
+def _(ck: Ckpt) -> Options:
+    ck.poke("lm_head.weight", 100, b"\x42\x42")
+    return {"verify_checksums": True}
+
+
+@case("same_layout_shard_from_other_seed", "integrity", sync=False)
+def _(ck: Ckpt) -> Options:
+    shutil.copy(ck.bases.other_seed / SHARD2, ck.root / SHARD2)
+    return {"verify_checksums": True}
+
+
+@case("verify_requested_without_digests", "integrity")
+def _(ck: Ckpt) -> Options:
+    ck.edit_index(lambda doc: doc["metadata"].pop("shard_sha256"))
+    return {"verify_checksums": True}
+
+
+# ============================================================================ command line
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.splitlines()[-1].strip(), file=sys.stderr)
+        return 2
+    from nxdi_gptoss_fp8.preflight import preflight
+
+    out = Path(argv[0])
+    bases = Bases.create(out / "_bases")
+    missed = 0
+    for name, check, build in corpus(bases):
+        options = build(out / name)
+        report = preflight(out / name, **options)
+        caught = any(f.check == check for f in report.errors)
+        missed += not caught
+        codes = sorted({f.code for f in report.errors})
+        print(f"{'caught' if caught else 'MISSED'} {name:<48} {check:<14} {', '.join(codes)}")
+    print(f"{len(CASES)} cases, {missed} missed")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,143 @@
+"""The adversarial corpus, end to end: for every malformed checkpoint the preflight reports an
+error of the expected check, ``validate`` exits 1 without a traceback, and the loader refuses
+before it maps anything."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from corpus import CASES, Bases, Options, corpus
+
+from nxdi_gptoss_fp8 import cli
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.findings import CHECKS
+from nxdi_gptoss_fp8.preflight import preflight
+
+REPO = Path(__file__).resolve().parent.parent
+IDS = [entry.name for entry in CASES]
+PARAMS = [(entry.name, entry.check) for entry in CASES]
+HAS_LOADER = importlib.util.find_spec("nxdi_gptoss_fp8.loader") is not None
+
+
+@pytest.fixture(scope="session")
+def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
+    return Bases.create(tmp_path_factory.mktemp("corpus-bases"))
+
+
+@pytest.fixture(scope="session")
+def built(bases: Bases, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Options]]:
+    """Build each case once per session (the checks below only read it)."""
+    builders = {name: build for name, _, build in corpus(bases)}
+    root = tmp_path_factory.mktemp("corpus")
+    cache: dict[str, tuple[Path, Options]] = {}
+
+    def get(name: str) -> tuple[Path, Options]:
+        if name not in cache:
+            path = root / name
+            cache[name] = (path, builders[name](path))
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(autouse=True)
+def _no_custom_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(fmt.ALLOW_CUSTOM_ENV, raising=False)
+
+
+def test_corpus_is_large_named_and_covers_every_check() -> None:
+    assert len(CASES) >= 50
+    assert len(set(IDS)) == len(IDS)
+    assert {entry.check for entry in CASES} == set(CHECKS)
+
+
+@pytest.mark.parametrize("base", ["tiny", "padded", "other_plan", "other_seed"])
+def test_bases_are_valid(bases: Bases, base: str) -> None:
+    report = preflight(getattr(bases, base), allow_custom_model=True, deep=True, verify_checksums=True)
+    assert report.ok, report.render_text()
+    assert not report.warnings
+
+
+@pytest.mark.parametrize(("name", "check"), PARAMS, ids=IDS)
+def test_preflight_reports_the_expected_check(built: Callable[[str], tuple[Path, Options]], name: str, check: str) -> None:
+    path, options = built(name)
+    report = preflight(path, **options)
+    assert not report.ok
+    assert check in {f.check for f in report.errors}, report.render_text()
+    report.render_text()
+    json.loads(report.to_json())
+
+
+def cli_argv(path: Path, options: Options, workdir: Path) -> list[str]:
+    argv = ["validate", str(path)]
+    if options.get("allow_custom_model"):
+        argv.append("--allow-custom-model")
+    if options.get("deep"):
+        argv.append("--deep")
+    if options.get("verify_checksums"):
+        argv.append("--verify-checksums")
+    if "neuron_config" in options:
+        config = workdir / "neuron_config.json"
+        config.write_text(json.dumps(options["neuron_config"]))
+        argv += ["--neuron-config", str(config)]
+    return argv
+
+
+@pytest.mark.parametrize(("name", "check"), PARAMS, ids=IDS)
+def test_cli_exits_1_without_traceback(built: Callable[[str], tuple[Path, Options]], tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str], name: str, check: str) -> None:
+    path, options = built(name)
+    assert cli.main(cli_argv(path, options, tmp_path)) == cli.EXIT_FINDINGS
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert f"ERROR {check}." in out
+
+
+# One case per kind of input the command line prints (and the names from disk that are not
+# UTF-8), in a real process with a strict UTF-8 stdout.
+SUBPROCESS_CASES = ["stray_pt_non_utf8_name", "length_prefix_2_64_minus_1", "index_lone_surrogate_shard_name",
+                    "deep_fp8_nan_byte_0x7f", "digest_mismatch_flipped_data_byte", "nc_not_quantized", "missing_directory"]
+
+
+@pytest.mark.parametrize("name", SUBPROCESS_CASES)
+def test_cli_process_exits_1_without_traceback(built: Callable[[str], tuple[Path, Options]], tmp_path: Path, name: str) -> None:
+    path, options = built(name)
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "PYTHONPATH": str(REPO)}
+    env.pop(fmt.ALLOW_CUSTOM_ENV, None)
+    done = subprocess.run([sys.executable, "-m", "nxdi_gptoss_fp8.cli", *cli_argv(path, options, tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "INVALID" in done.stdout
+
+
+@pytest.mark.skipif(not HAS_LOADER, reason="nxdi_gptoss_fp8.loader is missing: the loader cannot be tested")
+@pytest.mark.parametrize(("name", "check"), PARAMS, ids=IDS)
+def test_loader_refuses_before_mapping_any_tensor(built: Callable[[str], tuple[Path, Options]], monkeypatch: pytest.MonkeyPatch,
+                                                  name: str, check: str) -> None:
+    from nxdi_gptoss_fp8 import loader
+    from nxdi_gptoss_fp8.errors import PreflightError
+
+    def must_not_map(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the loader mapped a shard of an invalid checkpoint")
+
+    monkeypatch.setattr(loader, "map_shard", must_not_map)
+    monkeypatch.setattr(loader, "tensor_view", must_not_map)
+    monkeypatch.setattr(loader.mmap, "mmap", must_not_map)
+    path, options = built(name)
+    extra = {key: options[key] for key in ("deep", "verify_checksums") if key in options}
+    # the loader runs the default preflight itself; checks it does not run (deep scan,
+    # hashing) reach it as a report, which it must honour
+    report = preflight(path, **options) if extra else None
+    with pytest.raises(PreflightError) as caught:
+        loader.load_state_dict(path, options.get("neuron_config"), report=report,
+                               allow_custom_model=options["allow_custom_model"])
+    assert check in {f.check for f in caught.value.report.errors}

@@ -1,0 +1,217 @@
+"""Resource limits: hostile sizes give clean findings in bounded time and memory.
+
+The heavy cases run in a child process that reports its own elapsed time and peak RSS above
+its baseline (after imports), so the bounds below are the ones the README states:
+
+- a header at the 100,000,000-byte cap: < 10 s, < 4 × its size in memory;
+- a header length above the cap, or beyond the file: refused before any allocation;
+- one million tiny tensors (a 68 MB header): < 60 s, < 3 GB;
+- JSON nested 10,000,000 deep (index, config or header): refused at Python's recursion limit;
+- a 10,000-shard index: < 20 s whether the shards exist or not;
+- config/index above 64 MB: refused from their size, unread;
+- a mis-shaped multi-GB "scale" tensor: never read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from corpus import Ckpt
+
+from nxdi_gptoss_fp8 import deep_scan as ds
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.preflight import MAX_JSON_FILE_SIZE, preflight
+from nxdi_gptoss_fp8.safetensors_header import MAX_HEADER_SIZE, read_header
+
+REPO = Path(__file__).resolve().parent.parent
+MB = 1 << 20
+
+
+def measure(body: str, **values: Any) -> dict[str, Any]:
+    """Run ``body`` in a child process; it sets ``result`` (a dict). Adds elapsed_s and the
+    peak RSS above the child's baseline after imports (peak_mb; Linux /proc)."""
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("memory is measured from /proc/self/status (Linux)")
+    program = textwrap.dedent("""
+        import json, sys, time
+        sys.path.insert(0, {repo!r})
+        from nxdi_gptoss_fp8.preflight import preflight
+        from nxdi_gptoss_fp8.safetensors_header import read_header, HeaderError
+
+        def status_kb(field):  # this process's own memory (ru_maxrss would include the parent's)
+            with open("/proc/self/status") as handle:
+                return next(int(line.split()[1]) for line in handle if line.startswith(field + ":"))
+
+        values = json.loads({values!r})
+        base = status_kb("VmRSS")
+        started = time.perf_counter()
+        result = {{}}
+    """).format(repo=str(REPO), values=json.dumps(values)) + textwrap.dedent(body) + textwrap.dedent("""
+        result["elapsed_s"] = time.perf_counter() - started
+        result["peak_mb"] = (status_kb("VmHWM") - base) / 1024
+        print(json.dumps(result))
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _entry(dtype: str, shape: list[int], begin: int, end: int) -> dict[str, Any]:
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+def test_header_at_the_cap_is_parsed_in_bounded_time_and_memory(tiny_checkpoint: Path) -> None:
+    ck = Ckpt(tiny_checkpoint)
+    shard = ck.shard_of("norm.weight")
+    text, data = ck.raw_header(shard)
+    document = json.loads(text)
+    skeleton = json.dumps({"__metadata__": {"note": ""}, **document}, separators=(",", ":")).encode()
+    document = {"__metadata__": {"note": "x" * (MAX_HEADER_SIZE - len(skeleton))}, **document}
+    ck.write_raw(shard, document, data)
+    ck.sync()
+    assert read_header(tiny_checkpoint / shard).header_length == MAX_HEADER_SIZE
+    result = measure("""
+        report = preflight(values["path"], allow_custom_model=True)
+        result["codes"] = report.codes()
+    """, path=str(tiny_checkpoint))
+    assert result["codes"] == []  # metadata is free text: at the cap, still valid
+    assert result["elapsed_s"] < 10
+    assert result["peak_mb"] < 4 * MAX_HEADER_SIZE / MB
+
+
+def test_header_one_byte_above_the_cap_is_refused(tiny_checkpoint: Path) -> None:
+    ck = Ckpt(tiny_checkpoint)
+    shard = ck.shard_of("norm.weight")
+    text, data = ck.raw_header(shard)
+    ck.write_raw(shard, text + b" " * (MAX_HEADER_SIZE + 1 - len(text)), data)
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    assert "header.header_too_large" in report.codes()
+    assert report.bytes_read < MB
+
+
+@pytest.mark.parametrize(("length", "code"), [
+    (2**64 - 1, "header_too_large"), (MAX_HEADER_SIZE + 1, "header_too_large"), (MAX_HEADER_SIZE, "header_beyond_file"),
+])
+def test_huge_length_prefixes_allocate_nothing(tmp_path: Path, length: int, code: str) -> None:
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", length) + b"{}")
+    result = measure("""
+        try:
+            read_header(values["path"])
+        except HeaderError as exc:
+            result["code"] = exc.code
+    """, path=str(path))
+    assert result["code"] == code
+    assert result["peak_mb"] < 8 and result["elapsed_s"] < 1
+
+
+@pytest.mark.slow
+def test_a_million_tiny_tensors(tiny_checkpoint: Path) -> None:
+    count = 1_000_000
+    text = ("{" + ",".join(f'"t{i}":{{"dtype":"U8","shape":[1],"data_offsets":[{i},{i + 1}]}}' for i in range(count)) + "}").encode()
+    Ckpt(tiny_checkpoint).write_raw("extra.safetensors", text, bytes(count))
+    def list_them(index: dict[str, Any]) -> None:
+        index["weight_map"].update(dict.fromkeys((f"t{i}" for i in range(count)), "extra.safetensors"))
+        index["metadata"].pop("shard_sha256")
+    Ckpt(tiny_checkpoint).edit_index(list_them)
+    result = measure("""
+        report = preflight(values["path"], allow_custom_model=True)
+        text = report.render_text(limit=50)
+        result["errors"] = len(report.errors)
+        result["codes"] = sorted(set(report.codes()))
+        result["tensors"] = report.tensors
+        result["lines"] = len(text.splitlines())
+    """, path=str(tiny_checkpoint))
+    assert result["codes"] == ["index.total_size_mismatch", "integrity.no_digests", "namespace.unexpected_key"]
+    assert result["errors"] == count + 1 and result["tensors"] == count + 41
+    assert result["lines"] == 52  # 50 findings, "... and N more", the verdict
+    assert result["elapsed_s"] < 60, result
+    assert result["peak_mb"] < 3 * 1024, result
+
+
+@pytest.mark.parametrize("where", ["index", "config", "header"])
+def test_deeply_nested_json_is_refused_quickly(tiny_checkpoint: Path, where: str) -> None:
+    depth = 10_000_000
+    nested = "[" * depth + "]" * depth
+    ck = Ckpt(tiny_checkpoint)
+    if where == "index":
+        ck.replace_in(fmt.INDEX_FILE, '"source": {', f'"source": {{"deep": {nested},')
+    elif where == "config":
+        ck.replace_in(fmt.CONFIG_FILE, '"model_type"', f'"deep": {nested}, "model_type"')
+    else:
+        shard = ck.shard_of("norm.weight")
+        text, data = ck.raw_header(shard)
+        ck.write_raw(shard, b'{"__metadata__":' + nested.encode() + b"," + text.strip()[1:], data)
+    result = measure("""
+        result["codes"] = preflight(values["path"], allow_custom_model=True).codes()
+    """, path=str(tiny_checkpoint))
+    assert f"{where}.too_deep" in result["codes"]
+    assert result["elapsed_s"] < 5 and result["peak_mb"] < 200
+
+
+@pytest.mark.parametrize("shards_exist", [False, True])
+def test_ten_thousand_shard_index(tiny_checkpoint: Path, shards_exist: bool) -> None:
+    count = 10_000
+    names = {f"extra.{i}.weight": f"extra-{i:05d}.safetensors" for i in range(count)}
+    if shards_exist:
+        for key, shard in names.items():
+            text = json.dumps({key: _entry("BF16", [2], 0, 4)}).encode()
+            Ckpt(tiny_checkpoint).write_raw(shard, text, bytes(4))
+    Ckpt(tiny_checkpoint).edit_index(lambda index: index["weight_map"].update(names))
+    result = measure("""
+        report = preflight(values["path"], allow_custom_model=True)
+        result["codes"] = report.codes()
+        report.render_text(limit=50)
+    """, path=str(tiny_checkpoint))
+    expected = "namespace.unexpected_key" if shards_exist else "ownership.missing_shard"
+    assert result["codes"].count(expected) == count
+    assert result["elapsed_s"] < 20 and result["peak_mb"] < 500, result
+
+
+@pytest.mark.parametrize("name", [fmt.INDEX_FILE, fmt.CONFIG_FILE])
+def test_json_files_above_64_mb_are_not_read(tiny_checkpoint: Path, name: str) -> None:
+    os.truncate(tiny_checkpoint / name, MAX_JSON_FILE_SIZE + 1)  # sparse: nothing on disk
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    check = "index" if name == fmt.INDEX_FILE else "config"
+    assert f"{check}.too_large" in report.codes()
+    assert report.bytes_read < MB
+
+
+def test_a_mis_shaped_giant_scale_is_never_read(tiny_checkpoint: Path) -> None:
+    key = f"layers.0.{fmt.GATE_UP}.scale"
+    ck = Ckpt(tiny_checkpoint)
+    shard = ck.shard_of(key)
+    ck.edit_shard(shard, lambda tensors: tensors.pop(key))
+    text, data = ck.raw_header(shard)
+    document = json.loads(text)
+    size = 4 << 30  # a 4 GiB "scale" at the end of the shard, sparse on disk
+    document[key] = _entry("F32", [4, 1, size // 16], len(data), len(data) + size)
+    ck.write_raw(shard, document, data)
+    with open(tiny_checkpoint / shard, "r+b") as handle:
+        handle.truncate(handle.seek(0, os.SEEK_END) + size)
+    report = preflight(tiny_checkpoint, allow_custom_model=True, deep=True)
+    assert "dtype_shape.wrong_shape" in report.codes()
+    assert report.bytes_read < 2 * MB
+
+
+def test_deep_scan_memory_is_one_chunk(tiny_template: Path) -> None:
+    report = preflight(tiny_template, allow_custom_model=True)
+    for target in ds.scan_targets(report.view):
+        row = target.cols * target.itemsize
+        for chunk_bytes in (1, 100, 10_000):
+            blocks = list(ds._chunks(target, chunk_bytes))
+            assert all(count * row <= max(chunk_bytes, row) for _, _, count in blocks)
+            assert sum(count for _, _, count in blocks) == target.experts * target.rows
+
+
+def test_limits_match_the_format() -> None:
+    assert MAX_HEADER_SIZE == 100_000_000
+    assert MAX_JSON_FILE_SIZE == 64 * MB

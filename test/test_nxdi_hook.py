@@ -1,0 +1,599 @@
+"""The NxDI hook against our stand-in of NxDI: registration, mode selection, pass-through,
+the normalized path through NxDI's own loader entry points, fail-closed findings, the
+save-quantized guard, the config round trip, the CLI and the vLLM plugin entry point."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import ckpt_edit
+import nxdi_standin
+
+from nxdi_gptoss_fp8 import cli, nxdi_hook, vllm_plugin
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError
+
+REPO = Path(__file__).resolve().parent.parent
+# NxDI's own _cast_helper warns about every float32 scale it leaves alone
+pytestmark = pytest.mark.filterwarnings("ignore:Found torch.float32 scales")
+FP8_NEURON_CONFIG: dict[str, Any] = {
+    "quantized": True,
+    "quantization_type": fmt.QUANTIZATION_TYPE,
+    "quantization_dtype": fmt.QUANTIZATION_DTYPE,
+    "modules_to_not_convert": ["lm_head", "self_attn"],
+}
+
+
+@pytest.fixture
+def nxdi(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    """Fresh stand-in NxDI modules under the real names; the hook is removed afterwards."""
+    monkeypatch.delenv(nxdi_hook.ENV_VAR, raising=False)
+    monkeypatch.setenv(fmt.ALLOW_CUSTOM_ENV, "1")
+    with nxdi_standin.installed() as modules:
+        yield modules
+
+
+def make_config(nxdi: SimpleNamespace, ckpt: Path, **overrides: Any) -> Any:
+    """NxDI's GPT-OSS InferenceConfig for ``ckpt`` as an application builds it."""
+    modeling = nxdi.modeling_gpt_oss
+    neuron_config = modeling.GptOssNeuronConfig(**{**FP8_NEURON_CONFIG, "quantized_checkpoints_path": str(ckpt), **overrides})
+
+    def load(config: Any) -> None:
+        for key, value in json.loads((ckpt / fmt.CONFIG_FILE).read_text()).items():
+            setattr(config, key, value)
+        config._name_or_path = str(ckpt)
+
+    return modeling.GptOssInferenceConfig(neuron_config, load_config=load)
+
+
+def app_state_dict(nxdi: SimpleNamespace, ckpt: Path, **overrides: Any) -> dict[str, torch.Tensor]:
+    """What NxDI's ``checkpoint_loader_fn`` hands NxD, with ``_cast_helper`` warnings refused."""
+    app_cls = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM
+    app = app_cls(str(ckpt), make_config(nxdi, ckpt, **overrides))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state_dict = app.checkpoint_loader_fn()
+    casts = [str(w.message) for w in caught if "Will convert" in str(w.message)]
+    assert not casts, f"_cast_helper had to copy: {casts}"
+    return state_dict
+
+
+def class_attrs(cls: type) -> dict[str, Any]:
+    return dict(vars(cls))
+
+
+# --------------------------------------------------------------------------- import isolation
+
+
+def test_importing_the_package_imports_neither_nxdi_nor_torch() -> None:
+    code = (
+        "import sys, nxdi_gptoss_fp8, nxdi_gptoss_fp8.nxdi_hook, nxdi_gptoss_fp8.vllm_plugin\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('neuronx_distributed_inference', 'torch'))\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def test_register_patches_every_route_and_unregister_restores_exactly(nxdi: SimpleNamespace) -> None:
+    app_cls = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM
+    config_cls = nxdi.modeling_gpt_oss.GptOssNeuronConfig
+    before_app, before_config = class_attrs(app_cls), class_attrs(config_cls)
+    assert "gpt_oss" not in nxdi.inference_demo.MODEL_TYPES
+
+    nxdi_hook.register()
+    assert nxdi_hook.is_registered()
+    installed = class_attrs(app_cls)
+    for name in ("get_state_dict", "convert_hf_to_neuron_state_dict", "load_hf_model",
+                 "save_quantized_state_dict", "generate_quantized_state_dict"):
+        assert installed[name] is not before_app.get(name), name
+    assert config_cls.__dict__["__init__"] is not before_config["__init__"]
+    assert nxdi.constants.MODEL_TYPES["gpt_oss"]["causal-lm"] is app_cls  # the same, patched, class
+    assert nxdi.inference_demo.MODEL_TYPES["gpt_oss"]["causal-lm"] is app_cls
+
+    nxdi_hook.register()  # idempotent: nothing wrapped twice
+    assert class_attrs(app_cls) == installed
+
+    nxdi_hook.unregister()
+    assert not nxdi_hook.is_registered()
+    after_app, after_config = class_attrs(app_cls), class_attrs(config_cls)
+    assert after_app.keys() == before_app.keys() and all(after_app[k] is before_app[k] for k in before_app)
+    assert after_config.keys() == before_config.keys() and all(after_config[k] is before_config[k] for k in before_config)
+    assert "gpt_oss" not in nxdi.inference_demo.MODEL_TYPES
+    nxdi_hook.unregister()  # a second unregister is harmless
+
+
+def test_register_leaves_an_unloaded_inference_demo_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    with nxdi_standin.installed(with_demo=False) as modules:
+        nxdi_hook.register()
+        assert nxdi_hook.is_registered() and not hasattr(modules, "inference_demo")
+        assert nxdi_hook.DEMO_MODULE not in sys.modules
+
+
+def _drop(name: str) -> Callable[[SimpleNamespace], None]:
+    def change(nxdi: SimpleNamespace) -> None:
+        delattr(nxdi.application_base.NeuronApplicationBase, name)
+    return change
+
+
+def _static_get_state_dict(nxdi: SimpleNamespace) -> None:
+    nxdi.application_base.NeuronApplicationBase.get_state_dict = staticmethod(lambda model_name_or_path, config: {})
+
+
+def _renamed_convert_param(nxdi: SimpleNamespace) -> None:
+    nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM.convert_hf_to_neuron_state_dict = staticmethod(lambda sd, config: sd)
+
+
+def _extra_required_param(nxdi: SimpleNamespace) -> None:
+    def save_quantized_state_dict(cls: type, model_path: str, config: Any, target: str) -> None:
+        return None
+    nxdi.application_base.NeuronApplicationBase.save_quantized_state_dict = classmethod(save_quantized_state_dict)
+
+
+def _foreign_model_type(nxdi: SimpleNamespace) -> None:
+    nxdi.constants.MODEL_TYPES["gpt_oss"]["causal-lm"] = type("SomethingElse", (), {})
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (_drop("generate_quantized_state_dict"), "generate_quantized_state_dict does not exist"),
+    (_drop("checkpoint_loader_fn"), "checkpoint_loader_fn does not exist"),
+    (_static_get_state_dict, "get_state_dict is a staticmethod, expected a classmethod"),
+    (_renamed_convert_param, "convert_hf_to_neuron_state_dict(sd, config)"),
+    (_extra_required_param, "save_quantized_state_dict(cls, model_path, config, target)"),
+    (_foreign_model_type, "MODEL_TYPES['gpt_oss']['causal-lm'] is"),
+], ids=["missing-method", "missing-loader", "wrong-kind", "renamed-param", "extra-param", "foreign-model-type"])
+def test_register_refuses_an_nxdi_it_does_not_understand(nxdi: SimpleNamespace, change: Callable, expected: str) -> None:
+    change(nxdi)
+    app_cls = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM
+    before = class_attrs(app_cls)
+    with pytest.raises(RegistrationError, match="nothing was patched") as caught:
+        nxdi_hook.register()
+    assert expected in str(caught.value)
+    assert class_attrs(app_cls) == before and not nxdi_hook.is_registered()
+
+
+def test_register_without_nxdi_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, nxdi_hook.NXDI_PACKAGE, None)  # makes the import fail
+    with pytest.raises(RegistrationError, match="install neuronx-distributed-inference"):
+        nxdi_hook.register()
+    assert not nxdi_hook.is_registered()
+
+
+# --------------------------------------------------------------------------- mode selection
+
+
+PASS_THROUGH = [None, "hf", "HF", "Hf", "legacy", "neuron", "original", "", " hf", "something-else"]
+NEAR_MISSES = ["normalized-fp8", "normalised_fp8", "Normalized FP8", "fp8", "FP8", "normalized", "nfp8",
+               "normalizedfp8", "normalized_fp16", "normalize_fp8", "normalized_f8", "nomralized_fp8",
+               "e4m3", "norm_fp8"]
+
+
+@pytest.mark.parametrize("value", PASS_THROUGH)
+def test_other_values_are_not_near_misses(value: str | None) -> None:
+    assert value is None or not nxdi_hook.is_near_miss(value)
+    assert nxdi_hook.normalized_mode(None, {} if value is None else {nxdi_hook.ENV_VAR: value}) is False
+
+
+@pytest.mark.parametrize("value", ["normalized_fp8", "NORMALIZED_FP8", " normalized_fp8\n"])
+def test_exact_value_selects_the_normalized_path(value: str) -> None:
+    assert nxdi_hook.normalized_mode(None, {nxdi_hook.ENV_VAR: value}) is True
+
+
+@pytest.mark.parametrize("value", NEAR_MISSES)
+def test_near_miss_spellings_are_errors(value: str) -> None:
+    with pytest.raises(CheckpointFormatError, match="did you mean 'normalized_fp8'"):
+        nxdi_hook.normalized_mode(None, {nxdi_hook.ENV_VAR: value})
+    config = SimpleNamespace(neuron_config=SimpleNamespace(checkpoint_format=value))
+    with pytest.raises(CheckpointFormatError, match=r"neuron_config\.checkpoint_format"):
+        nxdi_hook.normalized_mode(config, {})
+
+
+@pytest.mark.parametrize(("env", "config_value", "expected"), [
+    (None, "normalized_fp8", True),
+    ("normalized_fp8", "normalized_fp8", True),
+    ("normalized_fp8", None, True),
+    ("hf", "normalized_fp8", "contradicts"),
+    ("legacy", "normalized_fp8", "contradicts"),
+    ("", "normalized_fp8", "contradicts"),
+    (None, "hf", "only opts in"),
+    ("hf", "legacy", "only opts in"),
+])
+def test_config_opt_in_and_conflicts(env: str | None, config_value: str | None, expected: bool | str) -> None:
+    config = SimpleNamespace(neuron_config=SimpleNamespace(checkpoint_format=config_value))
+    environ = {} if env is None else {nxdi_hook.ENV_VAR: env}
+    if isinstance(expected, bool):
+        assert nxdi_hook.normalized_mode(config, environ) is expected
+    else:
+        with pytest.raises(CheckpointFormatError, match=expected):
+            nxdi_hook.normalized_mode(config, environ)
+
+
+# --------------------------------------------------------------------------- pass-through
+
+
+@pytest.fixture
+def spies(nxdi: SimpleNamespace) -> dict[str, list]:
+    """Replace the inherited loader methods by recording originals (before registering)."""
+    calls: dict[str, list] = {"get_state_dict": [], "save_quantized_state_dict": [], "generate_quantized_state_dict": []}
+    base = nxdi.application_base.NeuronApplicationBase
+
+    def get_state_dict(cls: type, model_name_or_path: str, config: Any) -> Any:
+        result = object()
+        calls["get_state_dict"].append((cls, model_name_or_path, config, result))
+        return result
+
+    def save_quantized_state_dict(cls: type, model_path: str, config: Any) -> Any:
+        result = object()
+        calls["save_quantized_state_dict"].append((cls, model_path, config, result))
+        return result
+
+    def generate_quantized_state_dict(cls: type, model_path: str, config: Any) -> Any:
+        result = object()
+        calls["generate_quantized_state_dict"].append((cls, model_path, config, result))
+        return result
+
+    for func in (get_state_dict, save_quantized_state_dict, generate_quantized_state_dict):
+        setattr(base, func.__name__, classmethod(func))
+    nxdi_hook.register()
+    return calls
+
+
+@pytest.mark.parametrize("value", PASS_THROUGH)
+def test_pass_through_calls_the_original_with_the_same_arguments(
+    nxdi: SimpleNamespace, spies: dict[str, list], value: str | None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if value is not None:
+        monkeypatch.setenv(nxdi_hook.ENV_VAR, value)
+    app_cls = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM
+    config = SimpleNamespace(neuron_config=SimpleNamespace())
+    for name, kwargs in (("get_state_dict", {"config": config}), ("save_quantized_state_dict", {}),
+                         ("generate_quantized_state_dict", {})):
+        args = ("/some/path", config) if not kwargs else ("/some/path",)
+        result = getattr(app_cls, name)(*args, **kwargs)
+        (recorded,) = spies[name]
+        assert recorded[:3] == (app_cls, "/some/path", config) and result is recorded[3], name
+
+    state_dict: dict[str, Any] = {}
+    model_config = SimpleNamespace(num_hidden_layers=1, neuron_config=SimpleNamespace(tp_degree=1))
+    assert app_cls.convert_hf_to_neuron_state_dict(state_dict, model_config) is state_dict
+    branch = "hf" if (value if value is not None else "hf").lower() == "hf" else "legacy"
+    assert [(branch, id(state_dict))] == nxdi.modeling_gpt_oss.CALLS
+    expected_error = FileNotFoundError if branch == "hf" else AssertionError
+    with pytest.raises(expected_error):
+        app_cls.load_hf_model("/some/hf/model")
+
+
+def _write_hf_style(path: Path) -> Path:
+    """A small indexed safetensors directory with ``model.`` names and a ``weight_scale``."""
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    tensors = {"model.embed_tokens.weight": torch.randn(8, 4), "model.layers.0.mlp.down.weight_scale": torch.ones(3),
+               "lm_head.weight": torch.randn(8, 4, dtype=torch.bfloat16)}
+    save_file(tensors, str(path / "model-00001-of-00001.safetensors"))
+    index = {"metadata": {"total_size": 0}, "weight_map": dict.fromkeys(tensors, "model-00001-of-00001.safetensors")}
+    (path / fmt.INDEX_FILE).write_text(json.dumps(index))
+    return path
+
+
+@pytest.mark.parametrize("value", [None, "hf", "legacy"])
+def test_pass_through_output_is_bit_identical_to_nxdi_alone(
+    nxdi: SimpleNamespace, tmp_path: Path, value: str | None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if value is not None:
+        monkeypatch.setenv(nxdi_hook.ENV_VAR, value)
+    source = _write_hf_style(tmp_path / "hf")
+    app_cls = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM
+    config = SimpleNamespace(num_hidden_layers=1, tie_word_embeddings=False,
+                             neuron_config=SimpleNamespace(tp_degree=2, is_medusa=False))
+    plain = app_cls.get_state_dict(str(source), config)
+    nxdi_hook.register()
+    hooked = app_cls.get_state_dict(str(source), config)
+    assert list(hooked) == list(plain)
+    for key in plain:
+        assert hooked[key].dtype == plain[key].dtype and torch.equal(hooked[key], plain[key]), key
+
+
+# --------------------------------------------------------------------------- normalized path
+
+
+def canonical_keys(layout: fmt.Layout) -> set[str]:
+    return set(fmt.expected_namespace(layout))
+
+
+def derived_keys(layers: int, *, fused_qkv: bool = False, vocab_parallel: bool = False, tkg_sinks: bool = False,
+                 lm_head_bias: bool = False) -> set[str]:
+    keys = {"norm.weight_unpadded", "rank_util.rank"}
+    for layer in range(layers):
+        keys |= {f"layers.{layer}.input_layernorm.weight_unpadded", f"layers.{layer}.post_attention_layernorm.weight_unpadded",
+                 f"layers.{layer}.self_attn.rank_util.rank"}
+        if tkg_sinks:
+            keys.add(f"layers.{layer}.self_attn.tkg_learned_sinks.sink")
+        if fused_qkv:
+            keys |= {f"layers.{layer}.self_attn.Wqkv.weight", f"layers.{layer}.self_attn.Wqkv.bias"}
+    if vocab_parallel:
+        keys.add("embed_tokens.rank_util.rank")
+    if lm_head_bias:
+        keys.add("lm_head.bias")
+    return keys
+
+
+def fused_away(layers: int) -> set[str]:
+    return {f"layers.{i}.self_attn.{p}_proj.{part}" for i in range(layers) for p in "qkv" for part in ("weight", "bias")}
+
+
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, bool]]] = {
+    "defaults": ({}, {}),
+    "tp2-fused-vocab-dp-padlm": (
+        {"tp_degree": 2, "fused_qkv": True, "vocab_parallel": True, "attention_dp_degree": 2,
+         "batch_size": 2, "is_continuous_batching": True, "lm_head_pad": True, "lm_head_pad_alignment_size": 3},
+        {"fused_qkv": True, "vocab_parallel": True, "tkg_sinks": True, "lm_head_bias": True},
+    ),
+    "lnc2-no-pad-needed": ({"tp_degree": 4, "logical_nc_config": 2}, {}),
+    "float32-no-cast": ({"torch_dtype": "float32", "lm_head_pad": True, "lm_head_pad_alignment_size": 3}, {"lm_head_bias": True}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_normalized_output_is_canonical_plus_derived(
+    nxdi: SimpleNamespace, tiny_template: Path, variant: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    overrides, derived = VARIANTS[variant]
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    nxdi_hook.register()
+    state_dict = app_state_dict(nxdi, tiny_template, **overrides)
+    dims = fmt.dims_from_config(json.loads((tiny_template / fmt.CONFIG_FILE).read_text()))
+    layout = fmt.Layout.unpadded(dims)
+    expected = derived_keys(dims.num_hidden_layers, **derived) | canonical_keys(layout)
+    if derived.get("fused_qkv"):
+        expected -= fused_away(dims.num_hidden_layers)
+    assert set(state_dict) == expected
+    tp = overrides.get("tp_degree", 1)
+    assert torch.equal(state_dict["rank_util.rank"], torch.arange(tp, dtype=torch.int32))
+    final_float = torch.float32 if overrides.get("torch_dtype") == "float32" else torch.bfloat16
+    for key, tensor in state_dict.items():
+        spec = fmt.expected_namespace(layout).get(key)
+        if spec is not None:
+            assert tensor.dtype == {"BF16": torch.bfloat16, "F32": torch.float32, "F8_E4M3": torch.float8_e4m3fn}[spec.dtype]
+            assert tuple(tensor.shape) == spec.shape
+    if derived.get("lm_head_bias"):
+        assert state_dict["lm_head.bias"].dtype == final_float and not state_dict["lm_head.bias"].any()
+    if derived.get("vocab_parallel"):
+        assert state_dict["embed_tokens.rank_util.rank"].dtype == torch.int64
+    if derived.get("fused_qkv"):
+        q = state_dict["layers.0.self_attn.Wqkv.weight"]
+        assert q.shape == ((dims.num_attention_heads + 2 * dims.num_key_value_heads) * dims.head_dim, dims.hidden_size)
+
+
+def test_padded_checkpoint_has_unpadded_norms_of_the_original_size(
+    nxdi: SimpleNamespace, tiny_padded_template: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    nxdi_hook.register()
+    state_dict = app_state_dict(nxdi, tiny_padded_template, padded_hidden_size=96, padded_intermediate_size=128)
+    assert state_dict["norm.weight"].shape == (96,) and state_dict["norm.weight_unpadded"].shape == (64,)
+    assert torch.equal(state_dict["layers.1.input_layernorm.weight_unpadded"], state_dict["layers.1.input_layernorm.weight"][:64])
+    assert state_dict[f"layers.0.{fmt.GATE_UP}.weight"].shape == (4, 96, 256)
+
+
+def test_config_opt_in_alone_selects_the_normalized_path(nxdi: SimpleNamespace, tiny_template: Path) -> None:
+    nxdi_hook.register()
+    state_dict = app_state_dict(nxdi, tiny_template, checkpoint_format="normalized_fp8")
+    assert f"layers.0.{fmt.GATE_UP}.scale" in state_dict and nxdi.modeling_gpt_oss.CALLS == []
+
+
+def test_fused_speculation_prefixes_draft_and_target(
+    nxdi: SimpleNamespace, tiny_template: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    nxdi_hook.register()
+    draft_config = make_config(nxdi, tiny_template)
+    spec = SimpleNamespace(draft_model_path=str(tiny_template), draft_config=draft_config)
+    config = make_config(nxdi, tiny_template, enable_fused_speculation=True)
+    config.fused_spec_config = spec
+    app = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM(str(tiny_template), config)
+    state_dict = app.checkpoint_loader_fn()
+    prefixes = {key.split(".", 1)[0] for key in state_dict}
+    assert prefixes == {"draft_model", "target_model"}
+    assert "draft_model.rank_util.rank" in state_dict and "target_model.lm_head.weight" in state_dict
+
+
+def test_convert_and_load_hf_model_refuse_in_normalized_mode(nxdi: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    nxdi_hook.register()
+    app_cls = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM
+    with pytest.raises(LoadError, match="never converted"):
+        app_cls.convert_hf_to_neuron_state_dict({}, SimpleNamespace(neuron_config=SimpleNamespace()))
+    with pytest.raises(LoadError, match="no Hugging Face model"):
+        app_cls.load_hf_model("/some/model")
+    assert nxdi.modeling_gpt_oss.CALLS == []
+
+
+def test_medusa_is_refused(nxdi: SimpleNamespace, tiny_template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    nxdi_hook.register()
+    with pytest.raises(LoadError, match="Medusa"):
+        app_state_dict(nxdi, tiny_template, is_medusa=True)
+
+
+# --------------------------------------------------------------------------- fail closed
+
+
+def _other_shard(ckpt: Path, key: str) -> str:
+    return next(s for s in ckpt_edit.shards(ckpt) if s != ckpt_edit.shard_of(ckpt, key))
+
+
+FAULTS: dict[str, tuple[Callable[[Path], None], str]] = {
+    "filesystem": (lambda c: (c / "pytorch_model.bin").write_bytes(b"x"), "filesystem.stray_weight_file"),
+    "index": (lambda c: ckpt_edit.edit_index(c, lambda i: i["metadata"].__setitem__("total_size", 1)), "index.total_size_mismatch"),
+    "header": (lambda c: os.truncate(c / ckpt_edit.shards(c)[-1], 100), "header."),
+    "ownership": (lambda c: ckpt_edit.edit_index(c, lambda i: i["weight_map"].__setitem__(
+        "norm.weight", _other_shard(c, "norm.weight"))), "ownership.key_in_other_shard"),
+    "collision": (lambda c: ckpt_edit.add_tensor(c, "norm.weight", torch.ones(64, dtype=torch.bfloat16),
+                                                 shard=_other_shard(c, "norm.weight"), list_in_index=False), "collision.duplicate_tensor"),
+    "namespace": (lambda c: ckpt_edit.add_tensor(c, "rank_util.rank", torch.arange(2, dtype=torch.int32)), "namespace.derived_key"),
+    "dtype_shape": (lambda c: ckpt_edit.replace_tensor(c, "norm.weight", torch.ones(64)), "dtype_shape.wrong_dtype"),
+    "sidecar": (lambda c: ckpt_edit.remove_tensor(c, ckpt_edit.DOWN_SCALE), "sidecar.missing_scale"),
+    "values": (lambda c: ckpt_edit.replace_tensor(c, ckpt_edit.DOWN_SCALE, -torch.ones(4, 1, 64)), "values.bad_scale"),
+    "config": (lambda c: ckpt_edit.edit_config(c, lambda d: d.__setitem__("model_type", "llama")), "config.wrong_model_type"),
+}
+
+
+@pytest.mark.parametrize("category", list(FAULTS))
+def test_every_finding_category_fails_closed(
+    nxdi: SimpleNamespace, tiny_checkpoint: Path, category: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    corrupt, code = FAULTS[category]
+    corrupt(tiny_checkpoint)
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    nxdi_hook.register()
+    with pytest.raises(PreflightError) as caught:
+        app_state_dict(nxdi, tiny_checkpoint)
+    assert any(c.startswith(code) for c in caught.value.codes), caught.value.codes
+    assert nxdi.modeling_gpt_oss.CALLS == []  # never fell back to a converter
+
+
+@pytest.mark.parametrize(("overrides", "code"), [
+    ({"quantized": False}, "neuron_config.not_quantized"),
+    ({"quantization_type": "per_channel_symmetric"}, "neuron_config.wrong_quantization_type"),
+    ({"modules_to_not_convert": ["lm_head"]}, "neuron_config.attention_not_excluded"),
+    ({"tp_degree": 3}, "neuron_config.expert_tp_indivisible"),
+    ({"padded_hidden_size": 96}, "neuron_config.padding_mismatch"),
+])
+def test_neuron_config_findings_fail_closed(
+    nxdi: SimpleNamespace, tiny_template: Path, overrides: dict, code: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    nxdi_hook.register()
+    with pytest.raises(PreflightError) as caught:
+        app_state_dict(nxdi, tiny_template, **overrides)
+    assert code in caught.value.codes
+
+
+# --------------------------------------------------------------------------- save-quantized guard
+
+
+def snapshot(directory: Path) -> dict[str, tuple[int, int, str]]:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(directory.iterdir())}
+
+
+def test_save_quantized_never_writes_and_logs_the_verdict(
+    nxdi: SimpleNamespace, tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    nxdi_hook.register()
+    app_cls = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM
+    config = make_config(nxdi, tiny_checkpoint)
+    before = snapshot(tiny_checkpoint)
+    with caplog.at_level(logging.INFO, logger="nxdi_gptoss_fp8"):
+        assert app_cls.save_quantized_state_dict(str(tiny_checkpoint), config) is None
+    assert snapshot(tiny_checkpoint) == before
+    assert any("passed the preflight" in r.getMessage() for r in caplog.records)
+    generated = app_cls.generate_quantized_state_dict(str(tiny_checkpoint), config)
+    assert f"layers.1.{fmt.DOWN}.scale" in generated and snapshot(tiny_checkpoint) == before
+
+    ckpt_edit.edit_config(tiny_checkpoint, lambda d: d.__setitem__("model_type", "llama"))
+    before = snapshot(tiny_checkpoint)
+    with caplog.at_level(logging.ERROR, logger="nxdi_gptoss_fp8"), pytest.raises(PreflightError):
+        app_cls.save_quantized_state_dict(str(tiny_checkpoint), config)
+    assert snapshot(tiny_checkpoint) == before
+    assert any("failed the preflight" in r.getMessage() and "config.wrong_model_type" in r.getMessage() for r in caplog.records)
+
+
+# --------------------------------------------------------------------------- config round trip
+
+
+def test_config_opt_in_survives_the_json_round_trip(nxdi: SimpleNamespace, tiny_template: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    modeling = nxdi.modeling_gpt_oss
+    with caplog.at_level(logging.WARNING):
+        modeling.GptOssNeuronConfig(checkpoint_format="normalized_fp8")
+    assert any("Unexpected keyword arguments" in r.getMessage() for r in caplog.records)  # NxDI alone drops it
+    caplog.clear()
+
+    nxdi_hook.register()
+    config = make_config(nxdi, tiny_template, checkpoint_format="normalized_fp8")
+    reloaded = modeling.GptOssInferenceConfig.from_json_string(config.to_json_string())
+    assert reloaded.neuron_config.checkpoint_format == "normalized_fp8"
+    assert nxdi_hook.normalized_mode(reloaded, {}) is True
+    assert not any("Unexpected keyword arguments" in r.getMessage() for r in caplog.records)
+    assert not hasattr(modeling.GptOssNeuronConfig(tp_degree=2), "checkpoint_format")  # absent stays absent
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def test_cli_inference_demo_registers_and_runs_the_demo(
+    nxdi: SimpleNamespace, tiny_template: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+) -> None:
+    monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: True)
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    argv = ["inference-demo", "--model-type", "gpt_oss", "--task-type", "causal-lm", "--model-path", str(tiny_template),
+            "--quantized", "--quantized-checkpoints-path", str(tiny_template),
+            "--quantization-type", fmt.QUANTIZATION_TYPE, "--quantization-dtype", fmt.QUANTIZATION_DTYPE,
+            "--modules-to-not-convert", "lm_head", "self_attn"]
+    assert cli.main(argv) == 0
+    (state_dict,) = nxdi.inference_demo.RUNS
+    assert state_dict[f"layers.0.{fmt.GATE_UP}.weight"].dtype == torch.float8_e4m3fn
+    assert nxdi_hook.is_registered()
+
+
+def test_cli_inference_demo_without_nxdi_is_one_line_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+) -> None:
+    monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: False)
+    assert cli.main(["inference-demo", "--model-type", "gpt_oss"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert "NxDI" in captured.err and "Traceback" not in captured.err
+
+
+def test_vllm_plugin_registers_when_nxdi_is_there(nxdi: SimpleNamespace) -> None:
+    vllm_plugin.register_plugin()
+    vllm_plugin.register_plugin()
+    assert nxdi_hook.is_registered()
+
+
+def test_vllm_plugin_is_quiet_without_nxdi(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: False)
+    vllm_plugin.register_plugin()
+    assert not nxdi_hook.is_registered()
+
+
+def test_setup_declares_the_vllm_entry_point() -> None:
+    text = (REPO / "setup.py").read_text()
+    match = re.search(r'"vllm\.general_plugins":\s*\[\s*"([^"=]+?)\s*=\s*([\w.]+):(\w+)"', text)
+    assert match, "setup.py lacks the vllm.general_plugins entry point"
+    module, function = match.group(2), match.group(3)
+    assert (module, function) == ("nxdi_gptoss_fp8.vllm_plugin", "register_plugin")
+    assert callable(getattr(vllm_plugin, function))
+
+
+def test_package_exposes_the_hook_and_loader_lazily() -> None:
+    import nxdi_gptoss_fp8
+    from nxdi_gptoss_fp8 import loader
+
+    assert nxdi_gptoss_fp8.register is nxdi_hook.register
+    assert nxdi_gptoss_fp8.unregister is nxdi_hook.unregister
+    assert nxdi_gptoss_fp8.is_registered is nxdi_hook.is_registered
+    assert nxdi_gptoss_fp8.load_state_dict is loader.load_state_dict

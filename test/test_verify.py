@@ -1,0 +1,171 @@
+"""verify-conversion: clean conversions pass; each known silent corruption is caught."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hf_sources import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
+
+from nxdi_gptoss_fp8 import convert as conversion
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8 import mxfp4
+from nxdi_gptoss_fp8.cli import main
+from nxdi_gptoss_fp8.errors import ConversionError
+from nxdi_gptoss_fp8.safetensors_header import read_header
+from nxdi_gptoss_fp8.verify import verify_conversion
+
+conversion_place_gate_up = conversion.place_gate_up
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sources")
+    return {
+        SOURCE_MXFP4: make_source(root / "mxfp4", SOURCE_MXFP4),
+        SOURCE_BF16: make_source(root / "bf16", SOURCE_BF16),
+        "mxfp4-wide": make_source(root / "mxfp4-wide", SOURCE_MXFP4, scale_range=(90, 130), seed=2),
+        "mxfp4-other": make_source(root / "mxfp4-other", SOURCE_MXFP4, seed=9),
+    }
+
+
+@pytest.mark.parametrize("kind", [SOURCE_MXFP4, SOURCE_BF16, "mxfp4-wide"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_clean_conversion_verifies(sources: dict[str, Path], tmp_path: Path, kind: str, padded: bool) -> None:
+    sizes = {"padded_hidden_size": 96, "padded_intermediate_size": 128} if padded else {}
+    converted = conversion.convert(sources[kind], tmp_path / "out", progress=False, **sizes)
+    report = verify_conversion(tmp_path / "out", sources[kind])
+    assert report.ok, report.render_text()
+    assert [row.layer for row in report.rows] == ["global", "0", "1"]
+    assert all(row.tensors == 19 for row in report.rows[1:]) and report.rows[0].tensors == 3
+    values = sum(row.values for row in report.rows)
+    hp, ip = (96, 128) if padded else (64, 96)
+    assert values == SOURCE_DIMS.num_hidden_layers * SOURCE_DIMS.num_local_experts * 3 * hp * ip
+    inexact = sum(row.inexact for row in report.rows)
+    if kind == SOURCE_MXFP4:
+        assert inexact == 0
+    elif kind == "mxfp4-wide":
+        assert inexact == converted.inexact_values > 0
+    else:
+        assert inexact > 0 and max(row.max_rel_error for row in report.rows) > 0
+    text = report.render_text()
+    assert "OK: every value within its bound" in text and "2^-4" in text
+
+
+def _swapped_gate_up(rows: torch.Tensor, out: torch.Tensor, first_row: int = 0) -> None:
+    conversion_place_gate_up(rows.view(-1, 2, rows.shape[1]).flip(1).reshape(rows.shape), out, first_row)
+
+
+def _untransposed_down(rows: torch.Tensor, out: torch.Tensor, first_row: int = 0) -> None:
+    count, i = rows.shape
+    out[:i, first_row:first_row + count].copy_(rows.reshape(i, count))  # the bytes of [n, I] read as [I, n]
+
+
+def _break(monkeypatch: pytest.MonkeyPatch, corruption: str) -> None:
+    if corruption == "gate_up_order_swapped":
+        real_chunks = conversion.chunk_interleaved
+        monkeypatch.setattr(conversion, "place_gate_up", _swapped_gate_up)
+        monkeypatch.setattr(conversion, "chunk_interleaved", lambda v, p, f: real_chunks(
+            v.reshape(*v.shape[:-1], -1, 2).flip(-1).reshape(v.shape), p, f))
+    elif corruption == "missing_transpose":
+        monkeypatch.setattr(conversion, "place_down", _untransposed_down)
+    elif corruption == "nibble_order_swapped":
+        monkeypatch.setattr(mxfp4, "_BYTE_TABLE", mxfp4.build_byte_table(low_nibble_first=False))
+    elif corruption == "exponent_bias_off_by_one":
+        real_scale = mxfp4.scale_values
+        monkeypatch.setattr(mxfp4, "scale_values", lambda t: real_scale(t + 1))
+    else:
+        raise AssertionError(corruption)
+
+
+@pytest.mark.parametrize("corruption", ["gate_up_order_swapped", "missing_transpose", "nibble_order_swapped",
+                                        "exponent_bias_off_by_one"])
+def test_known_silent_corruptions_are_caught(sources: dict[str, Path], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch, corruption: str) -> None:
+    with monkeypatch.context() as patch:
+        _break(patch, corruption)
+        conversion.convert(sources[SOURCE_MXFP4], tmp_path / "out", progress=False)
+    report = verify_conversion(tmp_path / "out", sources[SOURCE_MXFP4])
+    assert not report.ok
+    assert sum(row.violations for row in report.rows) > 0
+    assert any("violate" in message for message in report.problems)
+    assert "FAILED" in report.render_text()
+
+
+def _tensor_offset(out: Path, name: str) -> tuple[Path, int]:
+    index = json.loads((out / fmt.INDEX_FILE).read_text())
+    shard = out / index["weight_map"][name]
+    header = read_header(shard)
+    return shard, header.data_offset + header.tensors[name].begin
+
+
+def _poke(out: Path, name: str, data: bytes, at: int = 0) -> None:
+    shard, offset = _tensor_offset(out, name)
+    with open(shard, "r+b") as handle:
+        handle.seek(offset + at)
+        handle.write(data)
+
+
+@pytest.mark.parametrize("name, data, at, expect", [
+    ("layers.1.self_attn.learned_sinks.sink", b"\x01", 0, "not bit-exact"),
+    ("embed_tokens.weight", b"\x00\x3f", 2 * 64 * 39, "not bit-exact"),
+    (f"layers.0.{fmt.GATE_UP}.bias", b"\x00\x3f", 2 * 150, "not bit-exact"),
+    (f"layers.1.{fmt.DOWN}.weight", b"\x7e", 17, "violate"),  # 448: beyond Neuron's ±240
+    (f"layers.1.{fmt.DOWN}.weight", b"\x7f", 18, "violate"),  # NaN
+])
+def test_corrupted_bytes_are_caught(sources: dict[str, Path], tmp_path: Path, name: str, data: bytes, at: int,
+                                    expect: str) -> None:
+    conversion.convert(sources[SOURCE_BF16], tmp_path / "out", padded_intermediate_size=128, progress=False)
+    _poke(tmp_path / "out", name, data, at)
+    report = verify_conversion(tmp_path / "out", sources[SOURCE_BF16])
+    assert not report.ok
+    assert any(expect in message for message in report.problems), report.problems
+
+
+def test_a_different_source_does_not_verify(sources: dict[str, Path], tmp_path: Path) -> None:
+    conversion.convert(sources[SOURCE_MXFP4], tmp_path / "out", progress=False)
+    report = verify_conversion(tmp_path / "out", sources["mxfp4-other"])
+    assert not report.ok and report.violations > 100
+
+
+def test_an_invalid_output_is_reported_not_compared(sources: dict[str, Path], tmp_path: Path) -> None:
+    conversion.convert(sources[SOURCE_MXFP4], tmp_path / "out", max_shard_size="40KB", progress=False)
+    next((tmp_path / "out").glob("model-*.safetensors")).unlink()
+    report = verify_conversion(tmp_path / "out", sources[SOURCE_MXFP4])
+    assert not report.ok and report.problems[0].startswith("preflight:")
+
+
+def test_a_tampered_exactness_record_is_caught(sources: dict[str, Path], tmp_path: Path) -> None:
+    conversion.convert(sources["mxfp4-wide"], tmp_path / "out", progress=False)
+    index_path = tmp_path / "out" / fmt.INDEX_FILE
+    index = json.loads(index_path.read_text())
+    index["metadata"]["source"]["exactness"]["inexact_values"] = 0
+    index_path.write_text(json.dumps(index))
+    report = verify_conversion(tmp_path / "out", sources["mxfp4-wide"])
+    assert not report.ok and "the converter recorded 0 inexact values" in report.problems[-1]
+
+
+def test_the_source_must_be_a_source(sources: dict[str, Path], tmp_path: Path) -> None:
+    conversion.convert(sources[SOURCE_MXFP4], tmp_path / "out", progress=False)
+    with pytest.raises(ConversionError):
+        verify_conversion(tmp_path / "out", tmp_path / "out")
+
+
+def test_cli_verify_conversion(sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    conversion.convert(sources[SOURCE_MXFP4], tmp_path / "good", progress=False)
+    assert main(["verify-conversion", str(tmp_path / "good"), "--source", str(sources[SOURCE_MXFP4])]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].split() == ["layer", "tensors", "mismatch", "fp8", "values", "exact", "inexact",
+                                           "violations", "max", "rel", "err"]
+    assert "OK: every value within its bound" in out
+    with monkeypatch.context() as patch:
+        _break(patch, "nibble_order_swapped")
+        conversion.convert(sources[SOURCE_MXFP4], tmp_path / "bad", progress=False)
+    assert main(["verify-conversion", str(tmp_path / "bad"), "--source", str(sources[SOURCE_MXFP4]), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["ok"] is False and document["violations"] > 0
+    assert main(["verify-conversion", str(tmp_path / "good"), "--source", str(tmp_path / "nowhere")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
