@@ -49,7 +49,6 @@ def __getattr__(name: str) -> Any:
         "unregister": ("nxdi_hook", "unregister"),
         "is_registered": ("nxdi_hook", "is_registered"),
         "load_state_dict": ("loader", "load_state_dict"),
-        "convert": ("convert", "convert"),
         "make_tiny": ("tiny", "make_tiny"),
     }
     if name in lazy:

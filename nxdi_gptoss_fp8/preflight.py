@@ -420,7 +420,7 @@ def _check_collisions(view: CheckpointView, report: PreflightReport) -> None:
 
 
 def _check_metadata_against_config(view: CheckpointView, report: PreflightReport, allow_custom_model: bool) -> None:
-    if view.dims is None:
+    if view.dims is None or not _dims_in_proportion(view, report):
         return
     dims, name = view.dims, fmt.CONFIG_FILE
     profile = view.metadata.get("model_profile")
@@ -447,6 +447,29 @@ def _check_metadata_against_config(view: CheckpointView, report: PreflightReport
         report.add("config", "padding_mismatch", f"index metadata {problem} (config.json)", file=fmt.INDEX_FILE, key="metadata")
     if not problems:
         view.layout = layout
+
+
+def _dims_in_proportion(view: CheckpointView, report: PreflightReport) -> bool:
+    """Refuse a config whose namespace is far larger than what the checkpoint lists.
+
+    Every later check enumerates the expected namespace (and neuron_config the layers), so a
+    config.json claiming 10^11 layers must not be believed: the work stays proportional to
+    the files' size. Forgets the dimensions (one finding) when they are out of proportion.
+    """
+    unit = fmt.Layout.unpadded(view.dims)  # type: ignore[arg-type]
+    layers = view.dims.num_hidden_layers  # type: ignore[union-attr]
+    expected = len(fmt.global_specs(unit)) + layers * len(fmt.layer_specs(unit, 0))
+    present = len(set(view.weight_map) | set(view.locations))
+    if expected <= 2 * present + 1024:
+        return True
+    report.add(
+        "config", "dims_out_of_proportion",
+        f"num_hidden_layers={layers} means {expected:,} tensors but the checkpoint lists {present:,}: "
+        "this config.json does not describe the checkpoint; no namespace is derived from it",
+        file=fmt.CONFIG_FILE, key="num_hidden_layers",
+    )
+    view.dims = None
+    return False
 
 
 def _attr(source: Any, name: str, default: Any = None) -> Any:

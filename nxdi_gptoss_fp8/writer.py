@@ -131,10 +131,13 @@ def as_bytes(data: Any) -> memoryview:
 
 
 def sha256_file(path: str, *, chunk: int = 1 << 24) -> str:
+    """Hex SHA-256 of a file, read through one reused buffer (memory stays at ``chunk``)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
+    buffer = bytearray(chunk)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while count := handle.readinto(buffer):
+            digest.update(view[:count])
     return digest.hexdigest()
 
 

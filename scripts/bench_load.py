@@ -416,7 +416,7 @@ def main() -> int:
             row = {**_run("ours", sparse, layers, extra, warm=False, read=False), "label": label}
             print(_fmt_row(row))
             ok = row["load_s"] < 2 and row["peak_rss_growth"] < 512 * (1 << 20)
-            note = "" if ok or "fused" not in label else " (fused_qkv concatenates q/k/v: an inherent copy)"
+            note = "" if ok or "fused" not in label else " (q/k/v not back to back in the shards: Wqkv was concatenated)"
             print(f"  < 2 s and peak RSS growth < 512 MB: {'met' if ok else 'MISSED'}{note}; preflight {row['preflight_s']:.3f} s")
     return 0
 

@@ -967,6 +967,11 @@ def _(ck: Ckpt) -> None:
     ck.edit_config(hidden_size=128)
 
 
+@case("config_claims_10_to_the_11_layers", "config")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(num_hidden_layers=10**11)
+
+
 @case("config_dimension_as_float", "config")
 def _(ck: Ckpt) -> None:
     ck.edit_config(num_local_experts=4.0)

@@ -8,6 +8,7 @@ its baseline (after imports), so the bounds below are the ones the README states
 - one million tiny tensors (a 68 MB header): < 60 s, < 3 GB;
 - JSON nested 10,000,000 deep (index, config or header): refused at Python's recursion limit;
 - a 10,000-shard index: < 20 s whether the shards exist or not;
+- a config.json claiming 10^11 layers: one finding, the namespace is not enumerated;
 - config/index above 64 MB: refused from their size, unread;
 - a mis-shaped multi-GB "scale" tensor: never read.
 """
@@ -174,6 +175,18 @@ def test_ten_thousand_shard_index(tiny_checkpoint: Path, shards_exist: bool) -> 
     expected = "namespace.unexpected_key" if shards_exist else "ownership.missing_shard"
     assert result["codes"].count(expected) == count
     assert result["elapsed_s"] < 20 and result["peak_mb"] < 500, result
+
+
+@pytest.mark.parametrize("layers", [10**4, 10**11])
+def test_a_config_claiming_absurdly_many_layers_is_not_enumerated(tiny_checkpoint: Path, layers: int) -> None:
+    Ckpt(tiny_checkpoint).edit_config(num_hidden_layers=layers)
+    neuron_config = {"quantized": True, "modules_to_not_convert": ["self_attn", "lm_head"]}
+    result = measure("""
+        result["codes"] = preflight(values["path"], allow_custom_model=True, deep=True,
+                                    neuron_config=values["nc"]).codes()
+    """, path=str(tiny_checkpoint), nc=neuron_config)
+    assert "config.dims_out_of_proportion" in result["codes"]
+    assert result["elapsed_s"] < 2 and result["peak_mb"] < 100
 
 
 @pytest.mark.parametrize("name", [fmt.INDEX_FILE, fmt.CONFIG_FILE])

@@ -151,3 +151,20 @@ def test_encoder_buffers_are_reused_between_experts() -> None:
         results.append(out.data_ptr())
         assert torch.equal(out, mxfp4.encode(blocks, scales, t))
     assert results[0] == results[1]
+
+
+@given(st.integers(0, 2**31), st.integers(1, 6), st.integers(1, 5))
+def test_block_top_exponents_follow_the_largest_code(seed: int, rows: int, groups: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (rows, groups, 16), dtype=torch.uint8, generator=generator)
+    keep = torch.randint(0, 8, (rows, groups, 1), generator=generator)  # sparse blocks: small codes only
+    blocks = torch.where(torch.rand(blocks.shape, generator=generator) < 0.5, blocks & (keep * 0x11).to(torch.uint8), blocks)
+    blocks[0, 0] = 0x88  # a block of −0 only has no value
+    top = mxfp4.ExpertEncoder(rows, groups).block_top_exponents(blocks)
+    exponent_of_code = {0: None, 1: -1, 2: 0, 3: 0, 4: 1, 5: 1, 6: 2, 7: 2}
+    for row in range(rows):
+        for group in range(groups):
+            codes = [b & 7 for b in blocks[row, group].tolist()] + [(b >> 4) & 7 for b in blocks[row, group].tolist()]
+            expected = exponent_of_code[max(codes)]
+            got = int(top[row, group])
+            assert (got < -100) if expected is None else got == expected
