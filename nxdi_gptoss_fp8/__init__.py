@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .checks import preflight
 from .errors import (
     CheckpointFormatError,
     ConversionError,
@@ -19,7 +20,6 @@ from .errors import (
 )
 from .findings import CHECKS, Finding, PreflightReport, Severity
 from .format import FORMAT_NAME, FORMAT_VERSION
-from .preflight import preflight
 
 __version__ = "0.1.0"
 

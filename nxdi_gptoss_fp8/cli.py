@@ -17,8 +17,8 @@ from typing import Any
 
 from . import __version__
 from . import format as fmt
+from .checks import allow_custom_from_env, preflight
 from .errors import NxdiGptossFp8Error
-from .preflight import allow_custom_from_env, preflight
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 TEXT_FINDINGS_LIMIT = 50

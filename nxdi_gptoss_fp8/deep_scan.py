@@ -33,7 +33,7 @@ from . import format as fmt
 from .findings import PreflightReport, Severity
 
 if TYPE_CHECKING:
-    from .preflight import CheckpointView
+    from .checks import CheckpointView
 
 CHUNK_BYTES = 32 << 20
 _EXPONENT_TOP = 0x78  # (byte & 0x7F) >= 0x78  <=>  exponent bits all ones

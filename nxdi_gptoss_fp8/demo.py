@@ -11,8 +11,8 @@ import tempfile
 from collections.abc import Callable
 
 from . import format as fmt
+from .checks import preflight
 from .findings import PreflightReport
-from .preflight import preflight
 
 
 def _truncate_last_shard(path: str) -> str:

@@ -19,7 +19,7 @@ from .findings import PreflightReport, Severity
 from .writer import hash_files
 
 if TYPE_CHECKING:
-    from .preflight import CheckpointView
+    from .checks import CheckpointView
 
 DIGESTS_KEY = "shard_sha256"
 

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from . import format as fmt
+from .checks import CheckpointView, allow_custom_from_env, config_attr, neuron_config_view, preflight
 from .errors import IntegrityError, LoadError
 from .findings import PreflightReport
-from .preflight import CheckpointView, _attr, allow_custom_from_env, neuron_config_view, preflight
 from .safetensors_header import PREFIX_SIZE, FileIdentity, SafetensorsHeader
 
 logger = logging.getLogger(__name__)
@@ -80,27 +80,27 @@ class RuntimeOptions:
         if config is None:
             return cls()
         nc = neuron_config_view(config)
-        tp = _attr(nc, "tp_degree", 1)
-        world = _attr(nc, "world_size", None) or tp * _attr(nc, "pp_degree", 1) * _attr(nc, "ep_degree", 1)
-        lnc = _attr(nc, "logical_nc_config", 1)
-        dtype = _attr(nc, "torch_dtype", torch.bfloat16)
+        tp = config_attr(nc, "tp_degree", 1)
+        world = config_attr(nc, "world_size", None) or tp * config_attr(nc, "pp_degree", 1) * config_attr(nc, "ep_degree", 1)
+        lnc = config_attr(nc, "logical_nc_config", 1)
+        dtype = config_attr(nc, "torch_dtype", torch.bfloat16)
         if isinstance(dtype, str):
             if dtype not in _DTYPE_NAMES:
                 raise LoadError(f"neuron_config.torch_dtype {dtype!r} is not one of {sorted(_DTYPE_NAMES)}")
             dtype = _DTYPE_NAMES[dtype]
-        lm_head_pad = _attr(nc, "lm_head_pad", None)
+        lm_head_pad = config_attr(nc, "lm_head_pad", None)
         return cls(
             tp_degree=tp,
-            local_ranks_size=_attr(nc, "local_ranks_size", None) or world,
-            fused_qkv=bool(_attr(nc, "fused_qkv", False)),
-            vocab_parallel=bool(_attr(nc, "vocab_parallel", False)),
-            attention_dp_degree=_attr(nc, "attention_dp_degree", 1),
-            cp_degree=_attr(nc, "cp_degree", 1),
+            local_ranks_size=config_attr(nc, "local_ranks_size", None) or world,
+            fused_qkv=bool(config_attr(nc, "fused_qkv", False)),
+            vocab_parallel=bool(config_attr(nc, "vocab_parallel", False)),
+            attention_dp_degree=config_attr(nc, "attention_dp_degree", 1),
+            cp_degree=config_attr(nc, "cp_degree", 1),
             lm_head_pad=bool(lnc > 1 if lm_head_pad is None else lm_head_pad),
-            lm_head_pad_alignment_size=_attr(nc, "lm_head_pad_alignment_size", 1),
+            lm_head_pad_alignment_size=config_attr(nc, "lm_head_pad_alignment_size", 1),
             logical_nc_config=lnc,
             torch_dtype=dtype,
-            cast_type=_attr(nc, "cast_type", "config"),
+            cast_type=config_attr(nc, "cast_type", "config"),
         )
 
     @property

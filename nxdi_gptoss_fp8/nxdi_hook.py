@@ -35,9 +35,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .checks import allow_custom_from_env, preflight
 from .errors import CheckpointFormatError, LoadError, RegistrationError
 from .findings import PreflightReport
-from .preflight import allow_custom_from_env, preflight
 
 logger = logging.getLogger(__name__)
 

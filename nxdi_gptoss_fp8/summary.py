@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import CheckpointView, preflight
 from .findings import PreflightReport
-from .preflight import CheckpointView, preflight
 
 
 @dataclass

@@ -27,8 +27,8 @@ import torch
 
 from . import format as fmt
 from . import mxfp4
+from .checks import preflight
 from .convert import SOURCE_MXFP4, Source, SourceReader, expert_source_name, non_expert_names, open_source
-from .preflight import preflight
 from .quant import FP8_DTYPE
 
 BOUND_TEXT = (

@@ -143,8 +143,8 @@ def _vm_hwm_mb() -> float:
 
 
 def child_ours(src: str, out: str) -> dict:
+    from nxdi_gptoss_fp8.checks import preflight
     from nxdi_gptoss_fp8.convert import convert
-    from nxdi_gptoss_fp8.preflight import preflight
     from nxdi_gptoss_fp8.writer import CheckpointWriter
 
     streaming_peak: list[float] = []

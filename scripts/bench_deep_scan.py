@@ -24,8 +24,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.deep_scan import deep_scan, scan_targets
-from nxdi_gptoss_fp8.preflight import preflight
 from nxdi_gptoss_fp8.writer import CheckpointWriter
 
 GB = 1e9

@@ -35,7 +35,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-sys.path.insert(0, os.path.join(ROOT, "test"))
+sys.path.insert(0, os.path.join(ROOT, "test"))  # hf_sources (synthetic HF/legacy sources), nxdi_standin
 
 import torch  # noqa: E402
 
@@ -228,91 +228,6 @@ def build_normalized(out: str, dims: fmt.ModelDims, seed: int = 0) -> str:
         return writer.commit()
 
 
-def _save_indexed(out: str, shards: list[dict[str, torch.Tensor]], config: dict[str, Any]) -> None:
-    from safetensors.torch import save_file
-
-    os.makedirs(out)
-    weight_map: dict[str, str] = {}
-    for number, tensors in enumerate(shards, start=1):
-        name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, name))
-        weight_map.update(dict.fromkeys(tensors, name))
-    with open(os.path.join(out, fmt.INDEX_FILE), "w") as handle:
-        json.dump({"metadata": {}, "weight_map": weight_map}, handle)
-    with open(os.path.join(out, fmt.CONFIG_FILE), "w") as handle:
-        json.dump(config, handle)
-
-
-def _interleave(chunked: torch.Tensor) -> torch.Tensor:
-    """[gate | up] halves along dim 1 → rows alternating gate, up (OpenAI layout)."""
-    bits = chunked.view(_INT_VIEW[chunked.element_size()])
-    gate, up = bits.chunk(2, dim=1)
-    return torch.stack([gate, up], dim=2).flatten(1, 2).view(chunked.dtype)
-
-
-def build_legacy(out: str, normalized: str, layers: int) -> None:
-    """The same tensors in NxDI's legacy ``block.N`` layout, FP8 experts with per-row scales."""
-    from nxdi_gptoss_fp8.loader import load_state_dict
-
-    sd = load_state_dict(normalized, allow_custom_model=True)
-    shards = [{"embedding.weight": sd["embed_tokens.weight"]}, {"unembedding.weight": sd["lm_head.weight"], "norm.scale": sd["norm.weight"]}]
-    for i in range(layers):
-        n, b = f"layers.{i}.", f"block.{i}."
-        shards.append({
-            b + "attn.norm.scale": sd[n + "input_layernorm.weight"], b + "mlp.norm.scale": sd[n + "post_attention_layernorm.weight"],
-            b + "attn.qkv.weight": torch.cat([sd[n + f"self_attn.{p}_proj.weight"] for p in "qkv"]),
-            b + "attn.qkv.bias": torch.cat([sd[n + f"self_attn.{p}_proj.bias"] for p in "qkv"]),
-            b + "attn.sinks": sd[n + "self_attn.learned_sinks.sink"],
-            b + "attn.out.weight": sd[n + "self_attn.o_proj.weight"], b + "attn.out.bias": sd[n + "self_attn.o_proj.bias"],
-            b + "mlp.gate.weight": sd[n + "feed_forward.moe.router.linear_router.weight"],
-            b + "mlp.gate.bias": sd[n + "feed_forward.moe.router.linear_router.bias"],
-            b + "mlp.mlp1_weight": _interleave(sd[n + f"{fmt.GATE_UP}.weight"].transpose(1, 2)),
-            b + "mlp.mlp1_scale": _interleave(sd[n + f"{fmt.GATE_UP}.scale"].transpose(1, 2)),
-            b + "mlp.mlp1_bias": _interleave(sd[n + f"{fmt.GATE_UP}.bias"]),
-            b + "mlp.mlp2_weight": sd[n + f"{fmt.DOWN}.weight"].transpose(1, 2),
-            b + "mlp.mlp2_scale": sd[n + f"{fmt.DOWN}.scale"].transpose(1, 2),
-            b + "mlp.mlp2_bias": sd[n + f"{fmt.DOWN}.bias"],
-        })
-    with open(os.path.join(normalized, fmt.CONFIG_FILE)) as handle:
-        _save_indexed(out, shards, json.load(handle))
-
-
-def build_hf_mxfp4(out: str, dims: fmt.ModelDims, seed: int = 0) -> None:
-    """The published HF layout: ``model.`` names, FP4 blocks [E, rows, K/32, 16] + E8M0 scales."""
-    g = torch.Generator().manual_seed(seed)
-    h, i, e = dims.hidden_size, dims.intermediate_size, dims.num_local_experts
-    q, kv = dims.num_attention_heads * dims.head_dim, dims.num_key_value_heads * dims.head_dim
-
-    def bf16(*shape: int) -> torch.Tensor:
-        return (0.02 * torch.randn(shape, generator=g)).to(torch.bfloat16)
-
-    def blocks(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.randint(0, 256, (e, rows, cols // 32, 16), generator=g, dtype=torch.uint8),
-                torch.randint(118, 128, (e, rows, cols // 32), generator=g, dtype=torch.uint8))
-
-    shards = [{"model.embed_tokens.weight": bf16(dims.vocab_size, h)}, {"lm_head.weight": bf16(dims.vocab_size, h), "model.norm.weight": bf16(h)}]
-    for layer in range(dims.num_hidden_layers):
-        p = f"model.layers.{layer}."
-        gu_blocks, gu_scales = blocks(2 * i, h)
-        d_blocks, d_scales = blocks(h, i)
-        shards.append({
-            p + "input_layernorm.weight": bf16(h), p + "post_attention_layernorm.weight": bf16(h),
-            p + "self_attn.q_proj.weight": bf16(q, h), p + "self_attn.q_proj.bias": bf16(q),
-            p + "self_attn.k_proj.weight": bf16(kv, h), p + "self_attn.k_proj.bias": bf16(kv),
-            p + "self_attn.v_proj.weight": bf16(kv, h), p + "self_attn.v_proj.bias": bf16(kv),
-            p + "self_attn.o_proj.weight": bf16(h, q), p + "self_attn.o_proj.bias": bf16(h),
-            p + "self_attn.sinks": bf16(dims.num_attention_heads),
-            p + "mlp.router.weight": bf16(e, h), p + "mlp.router.bias": bf16(e),
-            p + "mlp.experts.gate_up_proj_blocks": gu_blocks, p + "mlp.experts.gate_up_proj_scales": gu_scales,
-            p + "mlp.experts.gate_up_proj_bias": bf16(e, 2 * i),
-            p + "mlp.experts.down_proj_blocks": d_blocks, p + "mlp.experts.down_proj_scales": d_scales,
-            p + "mlp.experts.down_proj_bias": bf16(e, h),
-        })
-    config = fmt.hf_config(dims)
-    config["quantization_config"] = {"quant_method": "mxfp4"}
-    _save_indexed(out, shards, config)
-
-
 def _warm(path: str) -> None:
     """Read every file once so each case starts from the same, warm page cache."""
     for name in sorted(os.listdir(path)):
@@ -359,10 +274,14 @@ def main() -> int:
     started = time.perf_counter()
     if not os.path.isdir(paths["normalized"]):
         build_normalized(paths["normalized"], dims)
-    if have_nxdi and not os.path.isdir(paths["legacy"]):
-        build_legacy(paths["legacy"], paths["normalized"], args.layers)
-    if have_nxdi and not os.path.isdir(paths["hf"]):
-        build_hf_mxfp4(paths["hf"], dims)
+    if have_nxdi:
+        from hf_sources import PER_LAYER, REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
+
+        if not os.path.isdir(paths["legacy"]):
+            write_legacy_fp8(paths["legacy"], paths["normalized"], shards=PER_LAYER)
+        if not os.path.isdir(paths["hf"]):
+            make_source(paths["hf"], SOURCE_MXFP4, dims=dims, scale_range=REALISTIC_SCALE_RANGE, shards=PER_LAYER,
+                        original=False)
     print(f"model: gpt-oss-20b shapes (H=I={dims.hidden_size}, E={dims.num_local_experts}, V={dims.vocab_size}), "
           f"{args.layers} layers; checkpoints in {args.workdir} (built/reused in {time.perf_counter() - started:.0f} s)")
 

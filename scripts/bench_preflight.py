@@ -128,7 +128,7 @@ def main() -> int:
                 m = _measure(case, path, args.repeat)
                 touched = max(m["read_bytes"], m["page_faults"] * 4096 if case == "safe_open" else 0)
                 print(f"{profile:<14}{case:<14}{m['wall_ms']:>9.1f}{m['wall_ms_min']:>8.1f}{m['read_bytes']:>15,}"
-                      f"{m['page_faults']:>10,}{100 * touched / apparent:>10.3f}%{m['peak_rss_mib']:>14.1f}{m['tensors']:>9}")
+                      f"{m['page_faults']:>10,}{100 * touched / apparent:>10.4f}%{m['peak_rss_mib']:>14.1f}{m['tensors']:>9}")
         print("# read() bytes: bytes returned by read calls (/proc/self/io rchar); pages in: page faults while "
               "running (safe_open reads headers through mmap); % of ckpt uses the larger of the two for safe_open.")
         print("# safe_open checks nothing: ours checks ownership, collisions, the namespace, dtypes/shapes, "

@@ -1031,7 +1031,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__.splitlines()[-1].strip(), file=sys.stderr)
         return 2
-    from nxdi_gptoss_fp8.preflight import preflight
+    from nxdi_gptoss_fp8.checks import preflight
 
     out = Path(argv[0])
     bases = Bases.create(out / "_bases")

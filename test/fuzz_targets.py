@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.findings import CHECKS, Severity
-from nxdi_gptoss_fp8.preflight import preflight
 from nxdi_gptoss_fp8.safetensors_header import HeaderError, SafetensorsHeader, read_header
 
 # Small enough that a shard is a few kilobytes (the mutations land in headers often).

@@ -1,14 +1,17 @@
-"""Writers of tiny synthetic HF GPT-OSS source checkpoints (MXFP4 and BF16) for converter tests.
+"""Writers of synthetic GPT-OSS source checkpoints: HF (MXFP4 and BF16) and NxDI's legacy FP8.
 
-Each source has the published repos' shape: ``config.json``, a sharded top-level HF set named by
-``model.safetensors.index.json``, and an ``original/`` directory beside it holding a decoy
-OpenAI-layout set whose values must never reach the output.
+The one place tests and benchmarks get a source checkpoint from. An HF source has the published
+repos' shape: ``config.json``, a sharded top-level HF set named by ``model.safetensors.index.json``
+and, by default, an ``original/`` directory beside it holding a decoy OpenAI-layout set whose values
+must never reach a converted output. A legacy source holds the weights of a normalized checkpoint in
+NxDI's ``block.N`` layout with FP8 experts and per-(expert, row) scales.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -27,6 +30,14 @@ MXFP4_QUANTIZATION_CONFIG = {
     "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
     "quant_method": "mxfp4",
 }
+# E8M0 block-scale exponents (inclusive): a spread of at most 13 keeps every converted value
+# exactly representable in E4M3 (the converter tests' default).
+EXACT_SCALE_RANGE = (118, 124)
+# the exponents of published checkpoints' neighbourhood (2^-9 … 2^0), which NxDI's HF path decodes
+REALISTIC_SCALE_RANGE = (118, 127)
+# ``shards=PER_LAYER``: the embedding, then one shard per decoder layer, then the final norm and head
+PER_LAYER = "per-layer"
+_LAYER = re.compile(r"(?:^|\.)(?:layers|block)\.(\d+)\.")
 
 
 def source_config(dims: fmt.ModelDims, kind: str) -> dict:
@@ -40,11 +51,11 @@ def source_config(dims: fmt.ModelDims, kind: str) -> dict:
 
 
 def source_tensors(dims: fmt.ModelDims, kind: str, *, seed: int = 0,
-                   scale_range: tuple[int, int] = (118, 124)) -> dict[str, torch.Tensor]:
+                   scale_range: tuple[int, int] = EXACT_SCALE_RANGE) -> dict[str, torch.Tensor]:
     """Random values for every tensor of an HF source of ``kind``.
 
-    MXFP4 blocks are uniform random bytes; block scales are uniform in ``scale_range``
-    (a spread of at most 13 keeps every value exactly representable in E4M3).
+    MXFP4 blocks are uniform random bytes; block scales are uniform in ``scale_range`` (inclusive);
+    norms are near 1, everything else BF16 normals of a trained model's magnitude.
     """
     generator = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
@@ -65,22 +76,49 @@ def source_tensors(dims: fmt.ModelDims, kind: str, *, seed: int = 0,
     return tensors
 
 
-def write_source(root: str | os.PathLike[str], tensors: dict[str, torch.Tensor], config: dict, *,
-                 shards: int = 2, original: bool = True) -> Path:
-    """Write an HF checkpoint directory: config, ``shards`` safetensors files, index, original/."""
+def shard_groups(names: list[str], shards: int | str) -> list[list[str]]:
+    """``names`` split into ``shards`` consecutive runs of the sorted names, or by layer (``PER_LAYER``)."""
+    names = sorted(names)
+    if shards != PER_LAYER:
+        if not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards must be a positive int or {PER_LAYER!r}, not {shards!r}")
+        per_shard = -(-len(names) // shards)
+        return [names[number * per_shard:(number + 1) * per_shard] for number in range(shards)]
+    layers = {name: int(match.group(1)) for name in names if (match := _LAYER.search(name))}
+    last = max(layers.values(), default=-1) + 1
+
+    def place(name: str) -> int:
+        if name in layers:
+            return layers[name] + 1
+        return 0 if "embed" in name else last + 1
+
+    groups: dict[int, list[str]] = {}
+    for name in names:
+        groups.setdefault(place(name), []).append(name)
+    return [groups[key] for key in sorted(groups)]
+
+
+def write_indexed(root: str | os.PathLike[str], tensors: dict[str, torch.Tensor], config: dict, *,
+                  shards: int | str = 2) -> Path:
+    """Write ``config.json``, the shards ``model-0000N-of-0000M.safetensors`` and the index."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     (root / fmt.CONFIG_FILE).write_text(json.dumps(config, indent=2))
-    names = sorted(tensors)
-    per_shard = -(-len(names) // shards)
+    groups = shard_groups(list(tensors), shards)
     weight_map = {}
-    for number in range(shards):
-        part = names[number * per_shard:(number + 1) * per_shard]
-        file_name = f"model-{number + 1:05d}-of-{shards:05d}.safetensors"
+    for number, part in enumerate(groups, start=1):
+        file_name = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
         save_file({name: tensors[name].contiguous() for name in part}, str(root / file_name))
         weight_map.update(dict.fromkeys(part, file_name))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     (root / fmt.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return root
+
+
+def write_source(root: str | os.PathLike[str], tensors: dict[str, torch.Tensor], config: dict, *,
+                 shards: int | str = 2, original: bool = True) -> Path:
+    """Write an HF checkpoint directory: config, sharded safetensors, index, and the original/ decoy."""
+    root = write_indexed(root, tensors, config, shards=shards)
     if original:
         write_original_decoy(root / "original", config)
     return root
@@ -97,11 +135,11 @@ def write_original_decoy(directory: Path, config: dict) -> None:
 
 
 def make_source(root: str | os.PathLike[str], kind: str = SOURCE_MXFP4, *, dims: fmt.ModelDims = SOURCE_DIMS,
-                seed: int = 0, **options: object) -> Path:
-    """A complete synthetic source of ``kind`` at ``root``."""
-    scale_range = options.pop("scale_range", (118, 124))
-    tensors = source_tensors(dims, kind, seed=seed, scale_range=scale_range)  # type: ignore[arg-type]
-    return write_source(root, tensors, source_config(dims, kind), **options)  # type: ignore[arg-type]
+                seed: int = 0, scale_range: tuple[int, int] = EXACT_SCALE_RANGE, shards: int | str = 2,
+                original: bool = True) -> Path:
+    """A complete synthetic HF source of ``kind`` at ``root``."""
+    tensors = source_tensors(dims, kind, seed=seed, scale_range=scale_range)
+    return write_source(root, tensors, source_config(dims, kind), shards=shards, original=original)
 
 
 def load_source(root: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
@@ -115,5 +153,51 @@ def load_source(root: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-__all__ = ["SOURCE_BF16", "SOURCE_DIMS", "SOURCE_MXFP4", "load_source", "make_source", "source_config",
-           "source_tensors", "write_source"]
+# --------------------------------------------------------------------------- NxDI's legacy FP8 layout
+
+
+def _interleave(chunked: torch.Tensor) -> torch.Tensor:
+    """[gate | up] halves along dim 1 → rows alternating gate, up (the OpenAI layout)."""
+    bits = chunked.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[chunked.element_size()])
+    gate, up = bits.chunk(2, dim=1)
+    return torch.stack([gate, up], dim=2).flatten(1, 2).view(chunked.dtype)
+
+
+def legacy_fp8_tensors(normalized: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """The weights of the normalized checkpoint ``normalized`` under NxDI's legacy ``block.N`` names,
+    FP8 experts with per-(expert, row) scales ``mlp1_scale`` [E, 2I, 1] / ``mlp2_scale`` [E, H, 1]."""
+    from nxdi_gptoss_fp8.loader import load_state_dict
+
+    sd = load_state_dict(str(normalized), allow_custom_model=True)
+    layers = json.loads((Path(normalized) / fmt.CONFIG_FILE).read_text())["num_hidden_layers"]
+    t = {"embedding.weight": sd["embed_tokens.weight"], "unembedding.weight": sd["lm_head.weight"], "norm.scale": sd["norm.weight"]}
+    for layer in range(layers):
+        n, b = f"layers.{layer}.", f"block.{layer}."
+        t |= {
+            b + "attn.norm.scale": sd[n + "input_layernorm.weight"], b + "mlp.norm.scale": sd[n + "post_attention_layernorm.weight"],
+            b + "attn.qkv.weight": torch.cat([sd[n + f"self_attn.{p}_proj.weight"] for p in "qkv"]),
+            b + "attn.qkv.bias": torch.cat([sd[n + f"self_attn.{p}_proj.bias"] for p in "qkv"]),
+            b + "attn.sinks": sd[n + "self_attn.learned_sinks.sink"],
+            b + "attn.out.weight": sd[n + "self_attn.o_proj.weight"], b + "attn.out.bias": sd[n + "self_attn.o_proj.bias"],
+            b + "mlp.gate.weight": sd[n + "feed_forward.moe.router.linear_router.weight"],
+            b + "mlp.gate.bias": sd[n + "feed_forward.moe.router.linear_router.bias"],
+            b + "mlp.mlp1_weight": _interleave(sd[n + f"{fmt.GATE_UP}.weight"].transpose(1, 2)),
+            b + "mlp.mlp1_scale": _interleave(sd[n + f"{fmt.GATE_UP}.scale"].transpose(1, 2)),
+            b + "mlp.mlp1_bias": _interleave(sd[n + f"{fmt.GATE_UP}.bias"]),
+            b + "mlp.mlp2_weight": sd[n + f"{fmt.DOWN}.weight"].transpose(1, 2),
+            b + "mlp.mlp2_scale": sd[n + f"{fmt.DOWN}.scale"].transpose(1, 2),
+            b + "mlp.mlp2_bias": sd[n + f"{fmt.DOWN}.bias"],
+        }
+    return t
+
+
+def write_legacy_fp8(out: str | os.PathLike[str], normalized: str | os.PathLike[str], *,
+                     shards: int | str = 2) -> Path:
+    """A legacy FP8 checkpoint at ``out`` holding the weights of ``normalized``, with its config."""
+    config = json.loads((Path(normalized) / fmt.CONFIG_FILE).read_text())
+    return write_indexed(out, legacy_fp8_tensors(normalized), config, shards=shards)
+
+
+__all__ = ["EXACT_SCALE_RANGE", "PER_LAYER", "REALISTIC_SCALE_RANGE", "SOURCE_BF16", "SOURCE_DIMS", "SOURCE_MXFP4",
+           "legacy_fp8_tensors", "load_source", "make_source", "shard_groups", "source_config", "source_tensors",
+           "write_indexed", "write_legacy_fp8", "write_source"]

@@ -28,10 +28,10 @@ from safetensors.torch import load_file, save_file
 from nxdi_gptoss_fp8 import convert as conversion
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import mxfp4
+from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import convert, non_expert_names
 from nxdi_gptoss_fp8.errors import ConversionError
-from nxdi_gptoss_fp8.preflight import preflight
 from nxdi_gptoss_fp8.tiny import make_tiny
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,8 +18,8 @@ from corpus import CASES, Bases, Options, corpus
 
 from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.findings import CHECKS
-from nxdi_gptoss_fp8.preflight import preflight
 
 REPO = Path(__file__).resolve().parent.parent
 IDS = [entry.name for entry in CASES]

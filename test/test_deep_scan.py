@@ -14,8 +14,8 @@ from corpus import Ckpt, Tensor
 
 from nxdi_gptoss_fp8 import deep_scan as ds
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.findings import PreflightReport, Severity
-from nxdi_gptoss_fp8.preflight import preflight
 from nxdi_gptoss_fp8.safetensors_header import read_header
 
 GATE_UP_W = f"layers.1.{fmt.GATE_UP}.weight"

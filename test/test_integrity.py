@@ -13,8 +13,8 @@ from ckpt_edit import edit_index, read_json, shards
 
 from nxdi_gptoss_fp8 import cli, integrity
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.findings import Severity
-from nxdi_gptoss_fp8.preflight import preflight
 
 
 def _drop_digests(ckpt: Path) -> None:

@@ -5,7 +5,7 @@ its baseline (after imports), so the bounds below are the ones the README states
 
 - a header at the 100,000,000-byte cap: < 10 s, < 4 × its size in memory;
 - a header length above the cap, or beyond the file: refused before any allocation;
-- one million tiny tensors (a 68 MB header): < 60 s, < 3 GB;
+- one million tiny tensors (a 68 MB header): < 120 s, < 3 GB;
 - JSON nested 10,000,000 deep (index, config or header): refused at Python's recursion limit;
 - a 10,000-shard index: < 20 s whether the shards exist or not;
 - a config.json claiming 10^11 layers: one finding, the namespace is not enumerated;
@@ -29,7 +29,7 @@ from corpus import Ckpt
 
 from nxdi_gptoss_fp8 import deep_scan as ds
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.preflight import MAX_JSON_FILE_SIZE, preflight
+from nxdi_gptoss_fp8.checks import MAX_JSON_FILE_SIZE, preflight
 from nxdi_gptoss_fp8.safetensors_header import MAX_HEADER_SIZE, read_header
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,7 +44,7 @@ def measure(body: str, **values: Any) -> dict[str, Any]:
     program = textwrap.dedent("""
         import json, sys, time
         sys.path.insert(0, {repo!r})
-        from nxdi_gptoss_fp8.preflight import preflight
+        from nxdi_gptoss_fp8.checks import preflight
         from nxdi_gptoss_fp8.safetensors_header import read_header, HeaderError
 
         def status_kb(field):  # this process's own memory (ru_maxrss would include the parent's)
@@ -134,7 +134,7 @@ def test_a_million_tiny_tensors(tiny_checkpoint: Path) -> None:
     assert result["codes"] == ["index.total_size_mismatch", "integrity.no_digests", "namespace.unexpected_key"]
     assert result["errors"] == count + 1 and result["tensors"] == count + 41
     assert result["lines"] == 52  # 50 findings, "... and N more", the verdict
-    assert result["elapsed_s"] < 60, result
+    assert result["elapsed_s"] < 120, result
     assert result["peak_mb"] < 3 * 1024, result
 
 

@@ -21,8 +21,8 @@ import ckpt_edit
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import loader
+from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.errors import IntegrityError, PreflightError
-from nxdi_gptoss_fp8.preflight import preflight
 from nxdi_gptoss_fp8.tiny import make_tiny
 
 MIB = 1 << 20

@@ -26,15 +26,14 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from hf_sources import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_standin import neuron_stubs
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import nxdi_hook
-from nxdi_gptoss_fp8.loader import load_state_dict
 from nxdi_gptoss_fp8.tiny import TINY_DIMS
 
 pytestmark = [pytest.mark.nxdi, pytest.mark.filterwarnings("ignore")]
@@ -127,89 +126,9 @@ def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], key
 # --------------------------------------------------------------------------- tiny source checkpoints
 
 
-def write_indexed(out: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
-    """Two shards plus index and config, the way published checkpoints are laid out."""
-    out.mkdir(parents=True)
-    names = sorted(tensors)
-    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2], "model-00002-of-00002.safetensors": names[len(names) // 2:]}
-    weight_map = {}
-    for shard, keys in halves.items():
-        save_file({k: tensors[k].contiguous() for k in keys}, str(out / shard))
-        weight_map.update(dict.fromkeys(keys, shard))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    (out / fmt.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
-    (out / fmt.CONFIG_FILE).write_text(json.dumps(config))
-    return out
-
-
 def write_hf_mxfp4(out: Path, seed: int = 0) -> Path:
-    """A tiny checkpoint in the published HF MXFP4 layout (``model.`` names, FP4 blocks + E8M0 scales)."""
-    g = torch.Generator().manual_seed(seed)
-    d = DIMS
-    h, i, e, q, kv = d.hidden_size, d.intermediate_size, d.num_local_experts, d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim
-
-    def bf16(*shape: int) -> torch.Tensor:
-        return (0.05 * torch.randn(shape, generator=g)).to(torch.bfloat16)
-
-    def blocks(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-        packed = torch.randint(0, 256, (e, rows, cols // 32, 16), generator=g, dtype=torch.uint8)
-        scales = torch.randint(118, 128, (e, rows, cols // 32), generator=g, dtype=torch.uint8)
-        return packed, scales
-
-    tensors = {"model.embed_tokens.weight": bf16(d.vocab_size, h), "lm_head.weight": bf16(d.vocab_size, h),
-               "model.norm.weight": 1 + bf16(h)}
-    for layer in range(LAYERS):
-        p = f"model.layers.{layer}."
-        gate_up_blocks, gate_up_scales = blocks(2 * i, h)
-        down_blocks, down_scales = blocks(h, i)
-        tensors |= {
-            p + "input_layernorm.weight": 1 + bf16(h), p + "post_attention_layernorm.weight": 1 + bf16(h),
-            p + "self_attn.q_proj.weight": bf16(q, h), p + "self_attn.q_proj.bias": bf16(q),
-            p + "self_attn.k_proj.weight": bf16(kv, h), p + "self_attn.k_proj.bias": bf16(kv),
-            p + "self_attn.v_proj.weight": bf16(kv, h), p + "self_attn.v_proj.bias": bf16(kv),
-            p + "self_attn.o_proj.weight": bf16(h, q), p + "self_attn.o_proj.bias": bf16(h),
-            p + "self_attn.sinks": bf16(d.num_attention_heads),
-            p + "mlp.router.weight": bf16(e, h), p + "mlp.router.bias": bf16(e),
-            p + "mlp.experts.gate_up_proj_blocks": gate_up_blocks, p + "mlp.experts.gate_up_proj_scales": gate_up_scales,
-            p + "mlp.experts.gate_up_proj_bias": bf16(e, 2 * i),
-            p + "mlp.experts.down_proj_blocks": down_blocks, p + "mlp.experts.down_proj_scales": down_scales,
-            p + "mlp.experts.down_proj_bias": bf16(e, h),
-        }
-    config = fmt.hf_config(DIMS)
-    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
-    return write_indexed(out, tensors, config)
-
-
-def _interleave(chunked: torch.Tensor, dim: int) -> torch.Tensor:
-    """[gate | up] halves along ``dim`` → rows alternating gate, up (the OpenAI layout)."""
-    gate, up = chunked.view(torch.uint8).chunk(2, dim=dim) if chunked.dtype == torch.float8_e4m3fn else chunked.chunk(2, dim=dim)
-    woven = torch.stack([gate, up], dim=dim + 1).flatten(dim, dim + 1)
-    return woven.view(torch.float8_e4m3fn) if chunked.dtype == torch.float8_e4m3fn else woven
-
-
-def write_legacy_fp8(out: Path, normalized: Path) -> Path:
-    """The same weights as the normalized checkpoint ``normalized``, in NxDI's legacy ``block.N``
-    layout with FP8 experts and per-(expert, row) scales ``mlp1_scale`` [E,2I,1] / ``mlp2_scale`` [E,H,1]."""
-    sd = load_state_dict(normalized, allow_custom_model=True)
-    t = {"embedding.weight": sd["embed_tokens.weight"], "unembedding.weight": sd["lm_head.weight"], "norm.scale": sd["norm.weight"]}
-    for layer in range(LAYERS):
-        n, b = f"layers.{layer}.", f"block.{layer}."
-        t |= {
-            b + "attn.norm.scale": sd[n + "input_layernorm.weight"], b + "mlp.norm.scale": sd[n + "post_attention_layernorm.weight"],
-            b + "attn.qkv.weight": torch.cat([sd[n + f"self_attn.{p}_proj.weight"] for p in "qkv"]),
-            b + "attn.qkv.bias": torch.cat([sd[n + f"self_attn.{p}_proj.bias"] for p in "qkv"]),
-            b + "attn.sinks": sd[n + "self_attn.learned_sinks.sink"],
-            b + "attn.out.weight": sd[n + "self_attn.o_proj.weight"], b + "attn.out.bias": sd[n + "self_attn.o_proj.bias"],
-            b + "mlp.gate.weight": sd[n + "feed_forward.moe.router.linear_router.weight"],
-            b + "mlp.gate.bias": sd[n + "feed_forward.moe.router.linear_router.bias"],
-            b + "mlp.mlp1_weight": _interleave(sd[n + f"{fmt.GATE_UP}.weight"].transpose(1, 2), 1),
-            b + "mlp.mlp1_scale": _interleave(sd[n + f"{fmt.GATE_UP}.scale"].transpose(1, 2), 1),
-            b + "mlp.mlp1_bias": _interleave(sd[n + f"{fmt.GATE_UP}.bias"], 1),
-            b + "mlp.mlp2_weight": sd[n + f"{fmt.DOWN}.weight"].transpose(1, 2),
-            b + "mlp.mlp2_scale": sd[n + f"{fmt.DOWN}.scale"].transpose(1, 2),
-            b + "mlp.mlp2_bias": sd[n + f"{fmt.DOWN}.bias"],
-        }
-    return write_indexed(out, t, json.loads((normalized / fmt.CONFIG_FILE).read_text()))
+    """A tiny checkpoint in the published HF MXFP4 layout, with block-scale exponents NxDI decodes."""
+    return make_source(out, SOURCE_MXFP4, dims=DIMS, seed=seed, scale_range=REALISTIC_SCALE_RANGE, original=False)
 
 
 # --------------------------------------------------------------------------- the checks
@@ -224,16 +143,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+def assert_hook_is_transparent(modeling: ModuleType, source: Path, value: str | None,
+                               neuron_kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """NxDI's output for ``source`` under ``CHECKPOINT_FORMAT=value`` is the same (same keys in the same
+    order, bit-identical values) with and without the hook registered; returns it."""
+    with checkpoint_format(value, hooked=False):
+        plain = loader_output(modeling, source, neuron_kwargs)
+    with checkpoint_format(value, hooked=True):
+        hooked = loader_output(modeling, source, neuron_kwargs)
+    assert list(hooked) == list(plain)
+    assert_identical(hooked, plain, set(plain))
+    return plain
+
+
 @pytest.mark.parametrize("value", [None, "hf", "HF"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_hf_path_is_untouched_by_the_hook(modeling: ModuleType, tmp_path: Path, value: str | None, variant: str) -> None:
-    source = write_hf_mxfp4(tmp_path / "hf")
-    with checkpoint_format(value, hooked=False):
-        plain = loader_output(modeling, source, VARIANTS[variant])
-    with checkpoint_format(value, hooked=True):
-        hooked = loader_output(modeling, source, VARIANTS[variant])
-    assert list(hooked) == list(plain)
-    assert_identical(hooked, plain, set(plain))
+    plain = assert_hook_is_transparent(modeling, write_hf_mxfp4(tmp_path / "hf"), value, VARIANTS[variant])
     assert f"layers.0.{fmt.GATE_UP}.weight" in plain and plain[f"layers.0.{fmt.GATE_UP}.weight"].dtype == torch.bfloat16
     print(f"conformance hf[{value}] {variant}: {len(plain)} keys identical with and without the hook")
 
@@ -242,13 +168,8 @@ def test_hf_path_is_untouched_by_the_hook(modeling: ModuleType, tmp_path: Path, 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_legacy_path_is_untouched_by_the_hook(modeling: ModuleType, tiny_template: Path, tmp_path: Path,
                                               value: str, variant: str) -> None:
-    source = write_legacy_fp8(tmp_path / "legacy", tiny_template)
-    with checkpoint_format(value, hooked=False):
-        plain = loader_output(modeling, source, VARIANTS[variant])
-    with checkpoint_format(value, hooked=True):
-        hooked = loader_output(modeling, source, VARIANTS[variant])
-    assert list(hooked) == list(plain)
-    assert_identical(hooked, plain, set(plain))
+    plain = assert_hook_is_transparent(modeling, write_legacy_fp8(tmp_path / "legacy", tiny_template), value,
+                                       VARIANTS[variant])
     print(f"conformance legacy[{value!r}] {variant}: {len(plain)} keys identical with and without the hook")
 
 

@@ -472,7 +472,8 @@ def _dims_in_proportion(view: CheckpointView, report: PreflightReport) -> bool:
     return False
 
 
-def _attr(source: Any, name: str, default: Any = None) -> Any:
+def config_attr(source: Any, name: str, default: Any = None) -> Any:
+    """Attribute ``name`` of an NxDI config object, or key ``name`` of a mapping standing in for one."""
     if isinstance(source, Mapping):
         return source.get(name, default)
     return getattr(source, name, default)
@@ -483,15 +484,15 @@ def _check_inference_config(view: CheckpointView, report: PreflightReport, confi
     if view.dims is None:
         return
     original = {
-        "hidden_size": _attr(config, "original_hidden_size", _attr(config, "hidden_size")),
-        "intermediate_size": _attr(config, "original_intermediate_size", _attr(config, "intermediate_size")),
+        "hidden_size": config_attr(config, "original_hidden_size", config_attr(config, "hidden_size")),
+        "intermediate_size": config_attr(config, "original_intermediate_size", config_attr(config, "intermediate_size")),
     }
     for field_name, expected in view.dims.as_dict().items():
-        found = original.get(field_name, _attr(config, field_name))
+        found = original.get(field_name, config_attr(config, field_name))
         if field_name == "num_local_experts" and found is None:
-            found = _attr(config, "num_experts")
+            found = config_attr(config, "num_experts")
         if field_name == "num_experts_per_tok" and found is None:
-            found = _attr(config, "experts_per_token")
+            found = config_attr(config, "experts_per_token")
         if found is not None and found != expected:
             report.add("config", "nxdi_config_mismatch", f"NxDI's config has {field_name}={found}, the checkpoint's config.json {expected}: compile with the checkpoint's config", file=fmt.CONFIG_FILE, key=field_name)
 
@@ -678,13 +679,13 @@ def check_neuron_config(view: CheckpointView, report: PreflightReport, neuron_co
     """The ``neuron_config`` checks of format §6: what NxDI needs to run this checkpoint."""
     nc = neuron_config_view(neuron_config)
     add = report.add
-    if not _attr(nc, "quantized", False):
+    if not config_attr(nc, "quantized", False):
         add("neuron_config", "not_quantized", "quantized is not set: set quantized=True and quantized_checkpoints_path to the checkpoint directory, or NxDI builds BF16 experts and casts the FP8 bytes without scales", key="quantized")
-    if _attr(nc, "quantization_dtype", "int8") != fmt.QUANTIZATION_DTYPE:
-        add("neuron_config", "wrong_quantization_dtype", f"quantization_dtype is {_attr(nc, 'quantization_dtype', 'int8')!r}: set it to {fmt.QUANTIZATION_DTYPE!r}", key="quantization_dtype")
-    if _attr(nc, "quantization_type", "per_tensor_symmetric") != fmt.QUANTIZATION_TYPE:
-        add("neuron_config", "wrong_quantization_type", f"quantization_type is {_attr(nc, 'quantization_type', 'per_tensor_symmetric')!r}: set it to {fmt.QUANTIZATION_TYPE!r} (the only scale layout GPT-OSS experts accept)", key="quantization_type")
-    if _attr(nc, "is_mxfp4_compute", False):
+    if config_attr(nc, "quantization_dtype", "int8") != fmt.QUANTIZATION_DTYPE:
+        add("neuron_config", "wrong_quantization_dtype", f"quantization_dtype is {config_attr(nc, 'quantization_dtype', 'int8')!r}: set it to {fmt.QUANTIZATION_DTYPE!r}", key="quantization_dtype")
+    if config_attr(nc, "quantization_type", "per_tensor_symmetric") != fmt.QUANTIZATION_TYPE:
+        add("neuron_config", "wrong_quantization_type", f"quantization_type is {config_attr(nc, 'quantization_type', 'per_tensor_symmetric')!r}: set it to {fmt.QUANTIZATION_TYPE!r} (the only scale layout GPT-OSS experts accept)", key="quantization_type")
+    if config_attr(nc, "is_mxfp4_compute", False):
         add("neuron_config", "mxfp4_compute", "is_mxfp4_compute is on: MXFP4 compute expects packed FP4 experts, not FP8; turn it off", key="is_mxfp4_compute")
     dims, metadata = view.dims, view.metadata
     if dims is not None:
@@ -692,16 +693,16 @@ def check_neuron_config(view: CheckpointView, report: PreflightReport, neuron_co
             ("padded_hidden_size", dims.hidden_size, metadata.get("padded_hidden_size")),
             ("padded_intermediate_size", dims.intermediate_size, metadata.get("padded_intermediate_size")),
         ):
-            wanted = _attr(nc, attr) or base
+            wanted = config_attr(nc, attr) or base
             if type(stored) is int and wanted != stored:
                 add("neuron_config", "padding_mismatch", f"{attr} is {wanted} at runtime but the checkpoint was written for {stored}: set {attr}={stored} or re-convert with --{attr.replace('_', '-')} {wanted}", key=attr)
     _check_modules_to_not_convert(view, report, nc)
-    tp = _positive_int(_attr(nc, "tp_degree"), 1)
-    ep = _positive_int(_attr(nc, "moe_ep_degree"), 1)
-    moe_tp = _positive_int(_attr(nc, "moe_tp_degree"), 1)
+    tp = _positive_int(config_attr(nc, "tp_degree"), 1)
+    ep = _positive_int(config_attr(nc, "moe_ep_degree"), 1)
+    moe_tp = _positive_int(config_attr(nc, "moe_tp_degree"), 1)
     for attr, value in (("tp_degree", tp), ("moe_ep_degree", ep), ("moe_tp_degree", moe_tp)):
         if value is None:
-            add("neuron_config", "bad_degree", f"{attr} is {_attr(nc, attr)!r}, not a positive integer", key=attr)
+            add("neuron_config", "bad_degree", f"{attr} is {config_attr(nc, attr)!r}, not a positive integer", key=attr)
     if tp is None or ep is None or moe_tp is None or view.layout is None:
         return
     expert_tp = moe_tp if ep > 1 else tp
@@ -719,13 +720,13 @@ def _excluded(path: str, entries: list[str]) -> bool:
 
 
 def _check_modules_to_not_convert(view: CheckpointView, report: PreflightReport, nc: Any) -> None:
-    entries = _attr(nc, "modules_to_not_convert") or []
+    entries = config_attr(nc, "modules_to_not_convert") or []
     if not isinstance(entries, (list, tuple)) or not all(isinstance(e, str) for e in entries):
         report.add("neuron_config", "bad_modules_to_not_convert", f"modules_to_not_convert is {entries!r}, not a list of module names", key="modules_to_not_convert")
         return
     entries = list(entries)
     layers = view.dims.num_hidden_layers if view.dims else 1
-    qkv = ("qkv_proj.Wqkv",) if _attr(nc, "fused_qkv", False) else ("qkv_proj.q_proj", "qkv_proj.k_proj", "qkv_proj.v_proj")
+    qkv = ("qkv_proj.Wqkv",) if config_attr(nc, "fused_qkv", False) else ("qkv_proj.q_proj", "qkv_proj.k_proj", "qkv_proj.v_proj")
     attention_paths = [f"layers.{i}.self_attn.{name}" for i in range(layers) for name in (*qkv, "o_proj.o_proj")]
     missing = [p for p in attention_paths if not _excluded(p, entries)]
     if missing:

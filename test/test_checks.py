@@ -35,8 +35,8 @@ from ckpt_edit import (
 
 from nxdi_gptoss_fp8 import PreflightError, preflight
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.checks import allow_custom_from_env, scale_stats
 from nxdi_gptoss_fp8.findings import CHECKS, Severity
-from nxdi_gptoss_fp8.preflight import allow_custom_from_env, scale_stats
 
 Mutation = Callable[[Path], Any]
 
