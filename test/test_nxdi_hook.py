@@ -30,8 +30,8 @@ from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError
 
 REPO = Path(__file__).resolve().parent.parent
-# NxDI's own _cast_helper warns about every float32 scale it leaves alone
-pytestmark = pytest.mark.filterwarnings("ignore:Found torch.float32 scales")
+# the stand-in's cast rule, like NxDI's, warns about every float32 scale it leaves alone
+pytestmark = pytest.mark.filterwarnings("ignore:stand-in cast rule keeps scale")
 FP8_NEURON_CONFIG: dict[str, Any] = {
     "quantized": True,
     "quantization_type": fmt.QUANTIZATION_TYPE,
@@ -69,7 +69,7 @@ def app_state_dict(nxdi: SimpleNamespace, ckpt: Path, **overrides: Any) -> dict[
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         state_dict = app.checkpoint_loader_fn()
-    casts = [str(w.message) for w in caught if "Will convert" in str(w.message)]
+    casts = [str(w.message) for w in caught if "cast rule casts" in str(w.message)]
     assert not casts, f"_cast_helper had to copy: {casts}"
     return state_dict
 
@@ -228,6 +228,17 @@ def test_config_opt_in_and_conflicts(env: str | None, config_value: str | None, 
 
 
 # --------------------------------------------------------------------------- pass-through
+
+
+def test_standin_cast_rule_reports_every_copy(nxdi: SimpleNamespace) -> None:
+    """The harness above refuses casts by their warning: make sure a cast is reported."""
+    state = {"w": torch.ones(2), "x.scale": torch.ones(2), "q": torch.ones(2, dtype=torch.float8_e4m3fn)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        nxdi.application_base.NeuronApplicationBase._cast_to_runtime_dtype(state, torch.bfloat16)
+    assert [str(w.message) for w in caught if "cast rule casts" in str(w.message)] == [
+        "stand-in cast rule casts w from torch.float32 to torch.bfloat16"]
+    assert (state["w"].dtype, state["x.scale"].dtype, state["q"].dtype) == (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 
 
 @pytest.fixture
@@ -528,7 +539,7 @@ def test_config_opt_in_survives_the_json_round_trip(nxdi: SimpleNamespace, tiny_
     modeling = nxdi.modeling_gpt_oss
     with caplog.at_level(logging.WARNING):
         modeling.GptOssNeuronConfig(checkpoint_format="normalized_fp8")
-    assert any("Unexpected keyword arguments" in r.getMessage() for r in caplog.records)  # NxDI alone drops it
+    assert any("dropped unknown keyword arguments" in r.getMessage() for r in caplog.records)  # NxDI alone drops it
     caplog.clear()
 
     nxdi_hook.register()
@@ -536,7 +547,7 @@ def test_config_opt_in_survives_the_json_round_trip(nxdi: SimpleNamespace, tiny_
     reloaded = modeling.GptOssInferenceConfig.from_json_string(config.to_json_string())
     assert reloaded.neuron_config.checkpoint_format == "normalized_fp8"
     assert nxdi_hook.normalized_mode(reloaded, {}) is True
-    assert not any("Unexpected keyword arguments" in r.getMessage() for r in caplog.records)
+    assert not any("dropped unknown keyword arguments" in r.getMessage() for r in caplog.records)
     assert not hasattr(modeling.GptOssNeuronConfig(tp_degree=2), "checkpoint_format")  # absent stays absent
 
 

@@ -29,59 +29,67 @@ class NeuronApplicationBase(torch.nn.Module):
         self.model_path = model_path
 
     def checkpoint_loader_fn(self, mmap: bool = False) -> dict[str, torch.Tensor]:
-        model_path = getattr(self.config, "_name_or_path", None)
-        if model_path is None or not os.path.exists(model_path):
-            model_path = self.model_path
-        if self.config.neuron_config.quantized:
-            model_path = self.config.neuron_config.quantized_checkpoints_path
-            if not os.path.exists(model_path):
-                raise FileNotFoundError(f"Quantized checkpoint file not found: {model_path}")
-
-        def _cast_helper(_model_sd: dict[str, torch.Tensor]) -> None:
-            for name, param in _model_sd.items():
-                if torch.is_floating_point(param) and param.dtype not in [torch.float8_e4m3fn]:
-                    current_dtype = self.neuron_config.torch_dtype
-                    if name.endswith("scale"):
-                        warnings.warn(f"Found {param.dtype} scales, skip converting to {current_dtype}", stacklevel=2)
-                    elif param.dtype != current_dtype:
-                        warnings.warn(f"Found {param.dtype} weights in checkpoint: {name}. Will convert to {current_dtype}", stacklevel=2)
-                        _model_sd[name] = param.to(current_dtype)
-
-        if self.config.neuron_config.enable_fused_speculation:
-            spec = self.fused_spec_config
-            self.__class__._FUSED_PREFIX = "draft_model"
-            model_sd = self.get_state_dict(spec.draft_model_path, spec.draft_config)
-            self.__class__._FUSED_PREFIX = "target_model"
-            model_sd.update(self.get_state_dict(model_path, self.config))
+        """Picks the directory (config's own dir, else model_path; quantized → the quantized
+        path), loads through ``get_state_dict`` (twice, prefixed, under fused speculation) and
+        applies the cast rule (see ``_cast_to_runtime_dtype``). ``mmap`` is accepted, unused."""
+        nc = self.config.neuron_config
+        config_dir = getattr(self.config, "_name_or_path", None)
+        source = config_dir if config_dir is not None and os.path.exists(config_dir) else self.model_path
+        if nc.quantized:
+            source = nc.quantized_checkpoints_path
+            if not os.path.exists(source):
+                raise FileNotFoundError(f"stand-in: no quantized checkpoint at {source}")
+        if nc.enable_fused_speculation:
+            draft = self.fused_spec_config
+            type(self)._FUSED_PREFIX = "draft_model"
+            state = self.get_state_dict(draft.draft_model_path, draft.draft_config)
+            type(self)._FUSED_PREFIX = "target_model"
+            state.update(self.get_state_dict(source, self.config))
         else:
-            model_sd = self.get_state_dict(model_path, self.config)
-        if self.neuron_config.torch_dtype != torch.float32 and self.neuron_config.cast_type == "config":
-            _cast_helper(model_sd)
-        return model_sd
+            state = self.get_state_dict(source, self.config)
+        if nc.torch_dtype != torch.float32 and nc.cast_type == "config":
+            self._cast_to_runtime_dtype(state, nc.torch_dtype)
+        return state
+
+    @staticmethod
+    def _cast_to_runtime_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        """NxDI's rule: floating tensors other than e4m3fn FP8 go to ``dtype`` (a copy and a
+        warning each), except names ending in "scale", which are left as they are (warned)."""
+        for key in list(state):
+            tensor = state[key]
+            if not torch.is_floating_point(tensor) or tensor.dtype == torch.float8_e4m3fn:
+                continue
+            if key.endswith("scale"):
+                warnings.warn(f"stand-in cast rule keeps scale {key} ({tensor.dtype})", stacklevel=2)
+            elif tensor.dtype != dtype:
+                warnings.warn(f"stand-in cast rule casts {key} from {tensor.dtype} to {dtype}", stacklevel=2)
+                state[key] = tensor.to(dtype)
 
     @classmethod
     def get_state_dict(cls, model_name_or_path: str, config: InferenceConfig) -> dict:
+        """Directory → whole-file indexed load; file → ``torch.load``; else the HF model. Then one
+        leading ``model.`` stripped, ``.weight_scale`` → ``.scale``, the class's conversion, tied
+        weights, and the fused-speculation prefix."""
         if os.path.isdir(model_name_or_path):
-            model_sd = load_state_dict(model_name_or_path)
+            raw = load_state_dict(model_name_or_path)
         elif os.path.isfile(model_name_or_path):
-            model_sd = torch.load(model_name_or_path)
+            raw = torch.load(model_name_or_path)
         else:
-            model_sd = cls.load_hf_model(model_name_or_path).state_dict()
-        for param_name in list(model_sd.keys()):
-            updated = param_name
-            if param_name.startswith(cls._STATE_DICT_MODEL_PREFIX):
-                updated = param_name.replace(cls._STATE_DICT_MODEL_PREFIX, cls._NEW_STATE_DICT_MODEL_PREFIX, 1)
-            if param_name.endswith(".weight_scale"):
-                updated = updated.replace(".weight_scale", ".scale")
-            if updated != param_name:
-                model_sd[updated] = model_sd.pop(param_name)
-        model_sd = cls.convert_hf_to_neuron_state_dict(model_sd, config)
+            raw = cls.load_hf_model(model_name_or_path).state_dict()
+        renamed: dict[str, torch.Tensor] = {}
+        for key, tensor in raw.items():
+            new_key = key
+            if new_key.startswith(cls._STATE_DICT_MODEL_PREFIX):
+                new_key = cls._NEW_STATE_DICT_MODEL_PREFIX + new_key[len(cls._STATE_DICT_MODEL_PREFIX):]
+            if new_key.endswith(".weight_scale"):
+                new_key = new_key[: -len(".weight_scale")] + ".scale"
+            renamed[new_key] = tensor
+        converted = cls.convert_hf_to_neuron_state_dict(renamed, config)
         if getattr(config, "tie_word_embeddings", False):
-            cls.update_state_dict_for_tied_weights(model_sd)
-        if cls._FUSED_PREFIX != "":
-            for param_name in list(model_sd.keys()):
-                model_sd[f"{cls._FUSED_PREFIX}.{param_name}"] = model_sd.pop(param_name)
-        return model_sd
+            cls.update_state_dict_for_tied_weights(converted)
+        if cls._FUSED_PREFIX:
+            converted = {f"{cls._FUSED_PREFIX}.{key}": tensor for key, tensor in converted.items()}
+        return converted
 
     @staticmethod
     def convert_hf_to_neuron_state_dict(state_dict: dict, config: InferenceConfig) -> dict:
@@ -98,13 +106,13 @@ class NeuronApplicationBase(torch.nn.Module):
 
     @classmethod
     def generate_quantized_state_dict(cls, model_path: str, config: InferenceConfig) -> dict:
-        hf_model = cls.load_hf_model(model_path)
-        return {k: v.to(torch.int8) if v.is_floating_point() else v for k, v in hf_model.state_dict().items()}
+        model = cls.load_hf_model(model_path)
+        return {key: t.to(torch.int8) if t.is_floating_point() else t for key, t in model.state_dict().items()}
 
     @staticmethod
     def load_hf_model(model_path: str) -> Any:
-        raise NotImplementedError("load_hf_model is not implemented")
+        raise NotImplementedError("stand-in: the base class loads no HF model")
 
     @staticmethod
     def update_state_dict_for_tied_weights(state_dict: dict) -> None:
-        raise NotImplementedError("State-dict update not implemented")
+        raise NotImplementedError("stand-in: the base class ties no weights")

@@ -50,10 +50,10 @@ class NeuronConfig:
             self.world_size = self.tp_degree * self.pp_degree * self.ep_degree
         if self.local_ranks_size is None:
             self.local_ranks_size = self.world_size
-        if self.quantized:
-            assert self.quantized_checkpoints_path is not None, "quantized_checkpoints_path is required"
-        if kwargs:
-            logging.warning(f"NeuronConfig init: Unexpected keyword arguments: {kwargs}")
+        if self.quantized and self.quantized_checkpoints_path is None:
+            raise AssertionError("stand-in: quantized=True needs quantized_checkpoints_path")
+        if kwargs:  # NxDI keeps going and only logs a warning about the keywords it dropped
+            logging.warning("stand-in NeuronConfig dropped unknown keyword arguments: %s", sorted(kwargs))
 
 
 class MoENeuronConfig(NeuronConfig):

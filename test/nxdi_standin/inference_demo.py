@@ -16,9 +16,10 @@ RUNS: list[dict[str, Any]] = []
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model-type", type=str, choices=MODEL_TYPES.keys(), required=True)
-    parser.add_argument("--task-type", type=str, required=True)
+    parser = argparse.ArgumentParser(prog="stand-in inference_demo")
+    # the choices are read from MODEL_TYPES when the arguments are parsed, as in NxDI's demo
+    parser.add_argument("--model-type", required=True, choices=sorted(MODEL_TYPES))
+    parser.add_argument("--task-type", required=True)
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--tp-degree", type=int, default=1)
     parser.add_argument("--quantized", action="store_true")

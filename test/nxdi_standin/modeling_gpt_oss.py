@@ -20,9 +20,9 @@ CALLS: list[tuple[str, int]] = []  # (branch, id of the state dict it was given)
 
 def get_lm_head_pad_config(vocab_size: int, tp_degree: int, lm_head_pad_alignment_size: int = 1,
                            skip_lm_head_pad: bool = False) -> tuple[bool, int]:
-    if vocab_size % (tp_degree * lm_head_pad_alignment_size) == 0 or skip_lm_head_pad:
-        return False, 1
-    return True, lm_head_pad_alignment_size
+    """(pad?, alignment): pad unless asked not to or the vocabulary already divides evenly."""
+    divides = vocab_size % (tp_degree * lm_head_pad_alignment_size) == 0
+    return (False, 1) if skip_lm_head_pad or divides else (True, lm_head_pad_alignment_size)
 
 
 class GptOssNeuronConfig(MoENeuronConfig):
@@ -58,16 +58,17 @@ class NeuronGptOssForCausalLM(NeuronApplicationBase):
 
     @staticmethod
     def load_hf_model(model_path: str, **kwargs: Any) -> Any:
-        checkpoint_format = os.environ.get("CHECKPOINT_FORMAT", "hf").lower()
-        assert checkpoint_format == "hf", "Must use HF checkpoint to load HF model"
+        if os.environ.get("CHECKPOINT_FORMAT", "hf").lower() != "hf":
+            raise AssertionError("stand-in: an HF model loads only with CHECKPOINT_FORMAT=hf")
         raise FileNotFoundError(f"stand-in: no Hugging Face model at {model_path}")
 
     @staticmethod
     def convert_hf_to_neuron_state_dict(state_dict: dict, config: InferenceConfig) -> dict:
-        checkpoint_format = os.environ.get("CHECKPOINT_FORMAT", "hf").lower()
-        if checkpoint_format == "hf":
-            return NeuronGptOssForCausalLM._convert_hf_format_state_dict(state_dict, config)
-        return NeuronGptOssForCausalLM._convert_neuron_format_state_dict(state_dict, config)
+        # like NxDI: read at call time, lower-cased, no stripping; only "hf" takes the HF branch,
+        # and the helpers are reached through the class by name (a subclass cannot override them)
+        branch = "hf" if os.environ.get("CHECKPOINT_FORMAT", "hf").lower() == "hf" else "legacy"
+        helper = {"hf": "_convert_hf_format_state_dict", "legacy": "_convert_neuron_format_state_dict"}[branch]
+        return getattr(NeuronGptOssForCausalLM, helper)(state_dict, config)
 
     @staticmethod
     def _convert_hf_format_state_dict(state_dict: dict, config: InferenceConfig) -> dict:
