@@ -145,6 +145,14 @@ def _size(text: str) -> int:
         raise UsageError(str(exc)) from None
 
 
+def _add_output_options(command: argparse.ArgumentParser, *, max_shard_size: str, why: str = "") -> None:
+    """The options of every command that writes a normalized checkpoint."""
+    command.add_argument("--padded-hidden-size", type=int, metavar="N", help="H' (H plus a multiple of 32)")
+    command.add_argument("--padded-intermediate-size", type=int, metavar="N", help="I' (I plus a multiple of 32)")
+    command.add_argument("--max-shard-size", default=max_shard_size, help=f"largest shard (default {max_shard_size}{why})")
+    command.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nxdi-gptoss-fp8",
@@ -212,11 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("sliding_window", "--sliding-window", "sliding window"),
     ):
         tiny.add_argument(flag, dest=field, type=int, metavar="N", help=meaning)
-    tiny.add_argument("--padded-hidden-size", type=int, metavar="N", help="H' (H plus a multiple of 32)")
-    tiny.add_argument("--padded-intermediate-size", type=int, metavar="N", help="I' (I plus a multiple of 32)")
-    tiny.add_argument("--max-shard-size", default="64KB", help="largest shard (default 64KB, so even a tiny model has several)")
+    _add_output_options(tiny, max_shard_size="64KB", why=", so even a tiny model has several")
     tiny.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    tiny.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     tiny.set_defaults(handler=_cmd_make_tiny)
 
     demo = commands.add_parser(
@@ -245,10 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("src", metavar="SRC", help="the HF checkpoint directory (config.json + model.safetensors.index.json)")
     convert.add_argument("out", metavar="OUT", help="output directory (must be empty or absent)")
-    convert.add_argument("--padded-hidden-size", type=int, metavar="N", help="H' (H plus a multiple of 32)")
-    convert.add_argument("--padded-intermediate-size", type=int, metavar="N", help="I' (I plus a multiple of 32)")
-    convert.add_argument("--max-shard-size", default="5GB", help="largest shard (default 5GB)")
-    convert.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    _add_output_options(convert, max_shard_size="5GB")
     convert.add_argument("--json", action="store_true", help="print the conversion report as JSON")
     convert.set_defaults(handler=_cmd_convert)
 
