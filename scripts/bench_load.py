@@ -35,7 +35,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-sys.path.insert(0, os.path.join(ROOT, "test"))  # hf_sources (synthetic HF/legacy sources), nxdi_standin
+sys.path.insert(0, os.path.join(ROOT, "test"))  # nxdi_standin
 
 import torch  # noqa: E402
 
@@ -275,7 +275,13 @@ def main() -> int:
     if not os.path.isdir(paths["normalized"]):
         build_normalized(paths["normalized"], dims)
     if have_nxdi:
-        from hf_sources import PER_LAYER, REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
+        from nxdi_gptoss_fp8.synthetic import (
+            PER_LAYER,
+            REALISTIC_SCALE_RANGE,
+            SOURCE_MXFP4,
+            make_source,
+            write_legacy_fp8,
+        )
 
         if not os.path.isdir(paths["legacy"]):
             write_legacy_fp8(paths["legacy"], paths["normalized"], shards=PER_LAYER)

@@ -13,16 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_sources import (
-    SOURCE_BF16,
-    SOURCE_DIMS,
-    SOURCE_MXFP4,
-    load_source,
-    make_source,
-    source_config,
-    source_tensors,
-    write_source,
-)
 from safetensors.torch import load_file, save_file
 
 from nxdi_gptoss_fp8 import convert as conversion
@@ -32,6 +22,16 @@ from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import convert, non_expert_names
 from nxdi_gptoss_fp8.errors import ConversionError
+from nxdi_gptoss_fp8.synthetic import (
+    SOURCE_BF16,
+    SOURCE_DIMS,
+    SOURCE_MXFP4,
+    load_source,
+    make_source,
+    source_config,
+    source_tensors,
+    write_source,
+)
 from nxdi_gptoss_fp8.tiny import make_tiny
 
 REPO = Path(__file__).resolve().parent.parent

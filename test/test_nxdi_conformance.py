@@ -29,11 +29,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from hf_sources import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_standin import neuron_stubs
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import nxdi_hook
+from nxdi_gptoss_fp8.synthetic import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_gptoss_fp8.tiny import TINY_DIMS
 
 pytestmark = [pytest.mark.nxdi, pytest.mark.filterwarnings("ignore")]

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_sources import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
 
 from nxdi_gptoss_fp8 import convert as conversion
 from nxdi_gptoss_fp8 import format as fmt
@@ -15,6 +14,7 @@ from nxdi_gptoss_fp8 import mxfp4
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.safetensors_header import read_header
+from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
 from nxdi_gptoss_fp8.verify import verify_conversion
 
 conversion_place_gate_up = conversion.place_gate_up

@@ -1,10 +1,11 @@
-"""Writers of synthetic GPT-OSS source checkpoints: HF (MXFP4 and BF16) and NxDI's legacy FP8.
+"""Writers of synthetic GPT-OSS checkpoints: HF sources (MXFP4, BF16) and NxDI's legacy FP8.
 
-The one place tests and benchmarks get a source checkpoint from. An HF source has the published
-repos' shape: ``config.json``, a sharded top-level HF set named by ``model.safetensors.index.json``
-and, by default, an ``original/`` directory beside it holding a decoy OpenAI-layout set whose values
-must never reach a converted output. A legacy source holds the weights of a normalized checkpoint in
-NxDI's ``block.N`` layout with FP8 experts and per-(expert, row) scales.
+Requires torch. The one place tests, benchmarks, ``make-tiny`` and ``selfcheck`` get a source
+checkpoint from. An HF source has the published repos' shape: ``config.json``, a sharded
+top-level HF set named by ``model.safetensors.index.json`` and, by default, an ``original/``
+directory beside it holding a decoy OpenAI-layout set whose values must never reach a converted
+output. A legacy source holds the weights of a normalized checkpoint in NxDI's ``block.N`` layout
+with FP8 experts and per-(expert, row) scales.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.convert import SOURCE_BF16, SOURCE_MXFP4, non_expert_names, source_specs
+from . import format as fmt
+from .convert import SOURCE_BF16, SOURCE_MXFP4, non_expert_names, source_specs
 
 # H ≠ I, so a missing transpose cannot hide behind a square shape.
 SOURCE_DIMS = fmt.ModelDims(
@@ -166,7 +167,7 @@ def _interleave(chunked: torch.Tensor) -> torch.Tensor:
 def legacy_fp8_tensors(normalized: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The weights of the normalized checkpoint ``normalized`` under NxDI's legacy ``block.N`` names,
     FP8 experts with per-(expert, row) scales ``mlp1_scale`` [E, 2I, 1] / ``mlp2_scale`` [E, H, 1]."""
-    from nxdi_gptoss_fp8.loader import load_state_dict
+    from .loader import load_state_dict
 
     sd = load_state_dict(str(normalized), allow_custom_model=True)
     layers = json.loads((Path(normalized) / fmt.CONFIG_FILE).read_text())["num_hidden_layers"]
