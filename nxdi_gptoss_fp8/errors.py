@@ -40,5 +40,9 @@ class ConversionError(NxdiGptossFp8Error):
     """A source checkpoint cannot be converted (unknown layout, bad tensor, existing output)."""
 
 
+class NotRegularFileError(NxdiGptossFp8Error, OSError):
+    """An input path is a FIFO, socket, device or directory: refused before it is read."""
+
+
 class RegistrationError(NxdiGptossFp8Error):
     """The installed NxDI does not have what the hook wraps; nothing was patched."""

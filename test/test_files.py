@@ -1,0 +1,64 @@
+"""Regular-file-only opening: FIFOs, sockets, devices and directories are refused at once."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from nxdi_gptoss_fp8.errors import NotRegularFileError
+from nxdi_gptoss_fp8.files import not_regular_reason, open_regular
+
+
+def _fifo(tmp: Path) -> Path:
+    path = tmp / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+def _socket(tmp: Path) -> Path:
+    path = tmp / "sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.close()
+    return path
+
+
+def _directory(tmp: Path) -> Path:
+    path = tmp / "dir"
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize(("make", "kind"), [
+    (_fifo, "FIFO"), (_socket, "socket"), (_directory, "directory"), (lambda tmp: Path("/dev/null"), "character device"),
+])
+def test_non_regular_files_are_refused_without_blocking(tmp_path: Path, make, kind: str) -> None:
+    path = make(tmp_path)
+    assert kind in (not_regular_reason(path) or "")
+    with pytest.raises(NotRegularFileError, match=kind):
+        open_regular(path)
+
+
+def test_a_link_to_a_fifo_is_refused(tmp_path: Path) -> None:
+    link = tmp_path / "link"
+    link.symlink_to(_fifo(tmp_path))
+    with pytest.raises(NotRegularFileError, match="FIFO"):
+        open_regular(link)
+
+
+def test_regular_files_open_and_read(tmp_path: Path) -> None:
+    path = tmp_path / "f.json"
+    path.write_bytes(b"{}")
+    assert not_regular_reason(path) is None
+    with open_regular(path) as handle:
+        assert handle.read() == b"{}"
+
+
+def test_missing_path_is_an_os_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        open_regular(tmp_path / "absent")
+    with pytest.raises(FileNotFoundError):
+        not_regular_reason(tmp_path / "absent")
