@@ -40,6 +40,13 @@ def not_regular_reason(path: str | os.PathLike[str]) -> str | None:
     return None if stat.S_ISREG(mode) else f"{os.fspath(path)} is {file_kind(mode)}, not a regular file"
 
 
+def _reason_or_none(path: str | os.PathLike[str]) -> str | None:
+    try:
+        return not_regular_reason(path)
+    except OSError:
+        return None
+
+
 def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     """Open ``path`` for binary reading if, and only if, it is a regular file.
 
@@ -49,8 +56,12 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
-    except IsADirectoryError:
-        raise NotRegularFileError(f"{os.fspath(path)} is a directory, not a regular file") from None
+    except OSError:
+        # a directory (EISDIR) or a socket (ENXIO) cannot even be opened: say what it is
+        reason = _reason_or_none(path)
+        if reason:
+            raise NotRegularFileError(reason) from None
+        raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
