@@ -61,14 +61,19 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .summary import inspect_checkpoint
+    from .recognize import NOT_A_DIRECTORY
+    from .summary import inspect_directory
 
-    summary = inspect_checkpoint(args.path, allow_custom_model=True)
+    inspection = inspect_directory(args.path, allow_custom_model=args.allow_custom_model or allow_custom_from_env())
+    if inspection.recognition.kind == NOT_A_DIRECTORY and not args.json:
+        raise UsageError("; ".join(inspection.recognition.evidence))
     if args.json:
-        print(json.dumps(summary.to_dict(), indent=2))
+        print(json.dumps(inspection.to_dict(), indent=2))
     else:
-        print(summary.render_text())
-    return EXIT_OK if summary.report.ok else EXIT_FINDINGS
+        print(inspection.render_text())
+    if inspection.recognition.kind == NOT_A_DIRECTORY:
+        return EXIT_USAGE
+    return EXIT_OK if inspection.ok else EXIT_FINDINGS
 
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
@@ -194,11 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(handler=_cmd_validate)
 
     inspect = commands.add_parser(
-        "inspect", help="summarize a checkpoint: shards, tensors, bytes by dtype, profile, padding",
-        description="A readable summary of a checkpoint directory and its preflight verdict (custom profiles accepted).",
+        "inspect", help="say which checkpoint any directory is and what to do with it; summarize a normalized one",
+        description="Recognize any directory (HF MXFP4 or BF16, compressed-tensors FP8, NxDI legacy, normalized FP8, "
+                    "NxDI pre-sharded weights, a compiled NxDI model) from its files and tensor names: the "
+                    "CHECKPOINT_FORMAT value or the command that applies, and why. A normalized checkpoint also "
+                    "gets its shards, tensors, bytes by dtype, profile, padding and preflight verdict (with the "
+                    "first findings when invalid). Exit 0 recognized (and valid), 1 invalid or unrecognized, "
+                    "2 not a directory.",
     )
-    inspect.add_argument("path", help="the checkpoint directory")
-    inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    inspect.add_argument("path", help="any directory")
+    inspect.add_argument("--json", action="store_true", help="print the recognition and summary as JSON")
+    inspect.add_argument("--allow-custom-model", action="store_true",
+                         help=f"accept model_profile 'custom' as validate does; also {fmt.ALLOW_CUSTOM_ENV}=1")
     inspect.set_defaults(handler=_cmd_inspect)
 
     tiny = commands.add_parser(

@@ -284,15 +284,22 @@ def derived_reason(key: str) -> str | None:
     return None
 
 
-HF_HINT = (
-    "this looks like an HF (MXFP4/BF16) checkpoint: unset CHECKPOINT_FORMAT to load it with "
-    "NxDI's HF converter, or convert it with `nxdi-gptoss-fp8 convert`"
+# What to do with a checkpoint that is not normalized: the one wording shared by the namespace
+# findings (``foreign_name``), ``inspect`` and the NxDI hook's refusals (``recognize``).
+CONVERT_COMMAND = "nxdi-gptoss-fp8 convert"
+ADVICE_HF_LOAD = "unset CHECKPOINT_FORMAT (or set it to hf) to load it with NxDI's HF converter"
+ADVICE_LEGACY_LOAD = (
+    "set CHECKPOINT_FORMAT=legacy (any value other than hf/normalized_fp8) to use NxDI's legacy converter"
 )
-LEGACY_HINT = (
-    "this looks like an OpenAI 'original' (legacy block.N.*) checkpoint: set "
-    "CHECKPOINT_FORMAT=legacy (or any value other than hf/normalized_fp8) to use NxDI's legacy "
-    "converter"
-)
+
+
+def convert_advice(src: str = "SRC") -> str:
+    """``convert it with `nxdi-gptoss-fp8 convert SRC OUT```: the command that makes a normalized checkpoint."""
+    return f"convert it with `{CONVERT_COMMAND} {src} OUT`"
+
+
+HF_HINT = f"this looks like an HF (MXFP4/BF16) checkpoint: {ADVICE_HF_LOAD}, or {convert_advice()}"
+LEGACY_HINT = f"this looks like an NxDI legacy (block.N.*) checkpoint: {ADVICE_LEGACY_LOAD}"
 _FOREIGN_PATTERNS: tuple[tuple[re.Pattern[str], str, str], ...] = (
     (re.compile(r"^model\."), "hf_name", HF_HINT),
     (re.compile(r"_(blocks|scales)$"), "hf_name", HF_HINT),

@@ -1,5 +1,6 @@
-"""``inspect``: a readable summary of a checkpoint (shards, tensors, bytes by dtype, profile,
-padding) built from the same preflight run that ``validate`` uses. Stdlib only."""
+"""``inspect``: which checkpoint a directory is (``recognize``) and, for a normalized one, a
+readable summary (shards, tensors, bytes by dtype, profile, padding) built from the same
+preflight run that ``validate`` uses, with the first findings when it is invalid. Stdlib only."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import recognize as rz
 from .checks import CheckpointView, preflight
 from .findings import PreflightReport
+
+INSPECT_FINDINGS_LIMIT = 10
 
 
 @dataclass
@@ -58,8 +62,10 @@ class CheckpointSummary:
         lines.append(f"tensors     {sum(self.tensors_by_dtype.values())}")
         for dtype, size in sorted(self.bytes_by_dtype.items(), key=lambda item: -item[1]):
             lines.append(f"  {dtype:<8} {self.tensors_by_dtype[dtype]:>6} tensors {_human(size):>11}")
-        errors = len(self.report.errors)
-        lines.append(f"verdict     {'VALID' if self.report.ok else f'INVALID ({errors} errors: run validate for the list)'}")
+        lines.append(f"verdict     {'VALID' if self.report.ok else 'INVALID'}")
+        if not self.report.ok:
+            lines.append(self.report.render_text(limit=INSPECT_FINDINGS_LIMIT))
+            lines.append(f"run `nxdi-gptoss-fp8 validate {self.report.path}` for every finding and its fix")
         return "\n".join(lines)
 
 
@@ -72,8 +78,11 @@ def _human(size: int) -> str:
     return f"{size} B"
 
 
-def inspect_checkpoint(path: str | os.PathLike[str], *, allow_custom_model: bool = True) -> CheckpointSummary:
-    """Summarize ``path`` from one preflight run; works on invalid checkpoints too."""
+def inspect_checkpoint(path: str | os.PathLike[str], *, allow_custom_model: bool = False) -> CheckpointSummary:
+    """Summarize ``path`` from one preflight run; works on invalid checkpoints too.
+
+    ``allow_custom_model`` is the same opt-in as ``preflight``'s (so the verdict is ``validate``'s).
+    """
     report = preflight(path, allow_custom_model=allow_custom_model)
     view: CheckpointView = report.view
     summary = CheckpointSummary(report=report)
@@ -94,3 +103,46 @@ def inspect_checkpoint(path: str | os.PathLike[str], *, allow_custom_model: bool
             "intermediate": [view.dims.intermediate_size, view.layout.padded_intermediate_size],  # type: ignore[union-attr]
         }
     return summary
+
+
+@dataclass
+class Inspection:
+    """What ``inspect`` found: the recognition, and the summary when the directory is normalized."""
+
+    recognition: rz.Recognition
+    summary: CheckpointSummary | None = None
+
+    @property
+    def ok(self) -> bool:
+        """A recognized directory with nothing refused (and, if normalized, a valid one)."""
+        if self.summary is not None:
+            return self.summary.report.ok
+        return self.recognition.known and not self.recognition.refused and self.recognition.kind != rz.NORMALIZED
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"path": self.recognition.path, "ok": self.ok, "recognized": self.recognition.to_dict()}
+        if self.summary is not None:
+            data.update(self.summary.to_dict())
+            data["ok"] = self.ok
+            data["findings"] = [finding.to_dict() for finding in self.summary.report.findings]
+        return data
+
+    def render_text(self) -> str:
+        text = self.recognition.render_text()
+        if self.summary is None:
+            return text
+        lines = self.summary.render_text().splitlines()
+        return "\n".join([text, *lines[1:]])  # the path is already on the first line
+
+
+def inspect_directory(path: str | os.PathLike[str], *, allow_custom_model: bool = False) -> Inspection:
+    """Recognize ``path``; for a normalized checkpoint also run the preflight and summarize it.
+
+    The preflight is not run when the recognizer refused a file (a FIFO, socket, device or
+    directory where config, index or a listed shard should be): nothing blocks on such a file.
+    """
+    recognition = rz.recognize(path)
+    inspection = Inspection(recognition)
+    if recognition.kind == rz.NORMALIZED and not recognition.refused:
+        inspection.summary = inspect_checkpoint(path, allow_custom_model=allow_custom_model)
+    return inspection
