@@ -13,11 +13,15 @@ class NxdiGptossFp8Error(Exception):
 
 
 class PreflightError(NxdiGptossFp8Error):
-    """The preflight found errors; ``report`` holds every finding, the message lists them."""
+    """The preflight found errors; ``report`` holds every finding, the message lists them.
 
-    def __init__(self, report: PreflightReport) -> None:
-        super().__init__(report.render_text())
+    ``hint``, when given, leads the message: what the directory is instead and what to do.
+    """
+
+    def __init__(self, report: PreflightReport, hint: str | None = None) -> None:
+        super().__init__(f"{hint}\n{report.render_text()}" if hint else report.render_text())
         self.report = report
+        self.hint = hint
 
     @property
     def codes(self) -> list[str]:

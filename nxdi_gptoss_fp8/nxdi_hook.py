@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checks import allow_custom_from_env, preflight
-from .errors import CheckpointFormatError, LoadError, RegistrationError
+from .errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError
 from .findings import PreflightReport
 
 logger = logging.getLogger(__name__)
@@ -146,9 +146,24 @@ def checked_preflight(path: str, config: Any) -> PreflightReport:
     if report.ok:
         logger.info("normalized FP8 checkpoint %s passed the preflight (%d tensors, %d shards, %.1f ms)",
                     path, report.tensors, report.shards, report.elapsed_s * 1000)
-    else:
-        logger.error("normalized FP8 checkpoint %s failed the preflight:\n%s", path, report.render_text())
-    return report.raise_if_failed()
+        return report
+    hint = wrong_format_hint(path)
+    logger.error("normalized FP8 checkpoint %s failed the preflight:\n%s", path,
+                 f"{hint}\n{report.render_text()}" if hint else report.render_text())
+    raise PreflightError(report, hint=hint)
+
+
+def wrong_format_hint(path: str) -> str | None:
+    """When ``path`` is another kind of checkpoint (HF, legacy, compressed-tensors, compiled
+    NxDI output, ...), one line naming it and what to do instead; None when it looks normalized
+    or unknown (then the findings speak for themselves)."""
+    from .recognize import NORMALIZED, recognize
+
+    recognition = recognize(path)
+    if not recognition.known or recognition.kind == NORMALIZED:
+        return None
+    return (f"{ENV_VAR}={NORMALIZED_FP8} (or neuron_config.{CONFIG_ATTR}) asks for a normalized FP8 "
+            f"checkpoint, but {recognition.hint()}")
 
 
 def normalized_state_dict(cls: type, model_name_or_path: Any, config: Any) -> dict[str, Any]:

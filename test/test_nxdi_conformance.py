@@ -33,6 +33,7 @@ from nxdi_standin import neuron_stubs
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import nxdi_hook
+from nxdi_gptoss_fp8.errors import PreflightError
 from nxdi_gptoss_fp8.synthetic import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_gptoss_fp8.tiny import TINY_DIMS
 
@@ -204,6 +205,16 @@ def test_normalized_equals_nxdi_legacy_fp8_on_every_shared_key(modeling: ModuleT
     assert ours[f"layers.0.{fmt.GATE_UP}.scale"].shape == (DIMS.num_local_experts, 1, 2 * (kwargs.get("padded_intermediate_size") or DIMS.intermediate_size))
     print(f"conformance normalized vs legacy FP8 {variant}: {len(shared)} shared keys bit-identical "
           f"(legacy-only: {len(set(expected) - set(ours))} source scales; ours-only: {len(unpadded)} unpadded norms)")
+
+
+def test_normalized_mode_on_an_hf_checkpoint_says_what_it_is(modeling: ModuleType, tmp_path: Path) -> None:
+    """Through NxDI's own loader entry point: the refusal names the HF set and both ways out."""
+    source = write_hf_mxfp4(tmp_path / "hf")
+    with checkpoint_format("normalized_fp8", hooked=True), pytest.raises(PreflightError) as caught:
+        loader_output(modeling, source, {})
+    first = str(caught.value).splitlines()[0]
+    assert "is an HF MXFP4 checkpoint" in first and "unset CHECKPOINT_FORMAT" in first
+    assert f"nxdi-gptoss-fp8 convert {source} OUT" in first
 
 
 def test_config_opt_in_survives_nxdi_json_round_trip(modeling: ModuleType, tiny_template: Path) -> None:

@@ -28,6 +28,7 @@ import nxdi_standin
 from nxdi_gptoss_fp8 import cli, nxdi_hook, vllm_plugin
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError
+from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, make_source, write_legacy_fp8
 
 REPO = Path(__file__).resolve().parent.parent
 # the stand-in's cast rule, like NxDI's, warns about every float32 scale it leaves alone
@@ -498,6 +499,44 @@ def test_neuron_config_findings_fail_closed(
     with pytest.raises(PreflightError) as caught:
         app_state_dict(nxdi, tiny_template, **overrides)
     assert code in caught.value.codes
+
+
+WRONG_FORMATS: dict[str, tuple[Callable[[Path, Path], Path], str, tuple[str, ...]]] = {
+    "hf-mxfp4": (lambda tmp, _: make_source(tmp / "hf", original=False), "an HF MXFP4 checkpoint",
+                 ("unset CHECKPOINT_FORMAT", "nxdi-gptoss-fp8 convert")),
+    "hf-bf16": (lambda tmp, _: make_source(tmp / "bf16", SOURCE_BF16, original=False), "an HF BF16 checkpoint",
+                ("nxdi-gptoss-fp8 convert",)),
+    "legacy-fp8": (lambda tmp, tiny: write_legacy_fp8(tmp / "legacy", tiny), "NxDI legacy-layout checkpoint",
+                   ("CHECKPOINT_FORMAT=legacy",)),
+}
+
+
+@pytest.mark.parametrize("kind", list(WRONG_FORMATS))
+def test_normalized_mode_on_another_format_names_it_and_the_fix(
+    nxdi: SimpleNamespace, tiny_template: Path, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    make, title, fixes = WRONG_FORMATS[kind]
+    source = make(tmp_path, tiny_template)
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    nxdi_hook.register()
+    with pytest.raises(PreflightError) as caught:
+        app_state_dict(nxdi, source)
+    first = str(caught.value).splitlines()[0]
+    assert first.startswith("CHECKPOINT_FORMAT=normalized_fp8") and title in first and str(source) in first
+    assert all(fix in first for fix in fixes), first
+    assert caught.value.hint == first and caught.value.codes  # the findings still follow
+    assert nxdi.modeling_gpt_oss.CALLS == []
+
+
+def test_normalized_mode_on_a_broken_normalized_checkpoint_has_no_format_hint(
+    nxdi: SimpleNamespace, tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ckpt_edit.remove_tensor(tiny_checkpoint, ckpt_edit.DOWN_SCALE)
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    nxdi_hook.register()
+    with pytest.raises(PreflightError) as caught:
+        app_state_dict(nxdi, tiny_checkpoint)
+    assert caught.value.hint is None and "sidecar.missing_scale" in caught.value.codes
 
 
 # --------------------------------------------------------------------------- save-quantized guard
