@@ -85,13 +85,67 @@ def test_missing_directory_is_a_finding(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_inspect(tiny_padded_template: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["inspect", str(tiny_padded_template)], capsys)
+    code, out, _ = run(["inspect", str(tiny_padded_template), "--allow-custom-model"], capsys)
     assert code == 0
     assert "hidden 64 -> 96 (+32)" in out and "F8_E4M3" in out and "VALID" in out
-    code, out, _ = run(["inspect", str(tiny_padded_template), "--json"], capsys)
+    assert "a normalized FP8 checkpoint (format version 1)" in out and "CHECKPOINT_FORMAT=normalized_fp8" in out
+    code, out, _ = run(["inspect", str(tiny_padded_template), "--json", "--allow-custom-model"], capsys)
     summary = json.loads(out)
+    assert summary["ok"] is True and summary["recognized"]["kind"] == "normalized-fp8"
     assert summary["padding"] == {"hidden": [64, 96], "intermediate": [64, 128]}
     assert summary["total_tensor_bytes"] == sum(summary["bytes_by_dtype"].values())
+
+
+def test_inspect_honours_the_custom_opt_in_like_validate(
+    tiny_template: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(fmt.ALLOW_CUSTOM_ENV, raising=False)
+    for extra in ([], ["--allow-custom-model"]):
+        validated = run(["validate", str(tiny_template), *extra], capsys)[0]
+        code, out, _ = run(["inspect", str(tiny_template), *extra], capsys)
+        assert code == validated == (0 if extra else 1)
+        assert ("config.custom_profile_not_allowed" in out) == (not extra)
+    monkeypatch.setenv(fmt.ALLOW_CUSTOM_ENV, "1")
+    assert run(["inspect", str(tiny_template)], capsys)[0] == run(["validate", str(tiny_template)], capsys)[0] == 0
+
+
+def test_inspect_of_an_invalid_checkpoint_prints_the_first_findings(
+    tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    edit_config(tiny_checkpoint, lambda config: config.__setitem__("model_type", "llama"))
+    code, out, _ = run(["inspect", str(tiny_checkpoint), "--allow-custom-model"], capsys)
+    assert code == 1 and "INVALID" in out
+    assert "ERROR config.wrong_model_type [config.json:model_type]" in out and f"validate {tiny_checkpoint}" in out
+    code, out, _ = run(["inspect", str(tiny_checkpoint), "--allow-custom-model", "--json"], capsys)
+    data = json.loads(out)
+    assert code == 1 and data["ok"] is False and "config.wrong_model_type" in [f["code"] for f in data["findings"]]
+
+
+def test_inspect_any_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nxdi_gptoss_fp8.synthetic import make_source
+
+    source = make_source(tmp_path / "hf")
+    code, out, err = run(["inspect", str(source)], capsys)
+    assert code == 0 and err == ""
+    assert "an HF MXFP4 checkpoint" in out and f"nxdi-gptoss-fp8 convert {source} OUT" in out and "why" in out
+    code, out, _ = run(["inspect", str(source / "original"), "--json"], capsys)
+    assert code == 0 and json.loads(out)["recognized"]["kind"] == "openai-original"
+    (tmp_path / "empty").mkdir()
+    code, out, _ = run(["inspect", str(tmp_path / "empty")], capsys)
+    assert code == 1 and "looked for" in out
+    code, out, err = run(["inspect", str(tmp_path / "absent")], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+
+
+def test_inspect_refuses_special_files_without_blocking(tmp_path: Path, tiny_checkpoint: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    code, out, err = run(["inspect", str(tmp_path / "fifo")], capsys)
+    assert code == 2 and "FIFO" in err
+    (tiny_checkpoint / fmt.CONFIG_FILE).unlink()
+    os.mkfifo(tiny_checkpoint / fmt.CONFIG_FILE)
+    code, out, _ = run(["inspect", str(tiny_checkpoint), "--allow-custom-model"], capsys)
+    assert code == 1 and "config.json is a FIFO (named pipe)" in out and "verdict" not in out
 
 
 def test_make_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
