@@ -112,16 +112,36 @@ def _cmd_inference_demo(args: argparse.Namespace) -> int:
     return nxdi_hook.run_inference_demo(args.nxdi_args)
 
 
+def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None) -> Any:
+    """A local directory or a Hub repo id (``hub.resolve_source``); says on stderr which was used."""
+    from .errors import ConversionError
+    from .hub import is_repo_id, recorded_revision, resolve_source
+
+    ambiguous = is_repo_id(spec)
+    if revision is None and recorded_in is not None and ambiguous and not os.path.lexists(spec):
+        revision = recorded_revision(recorded_in, spec)  # the commit the output was converted from
+    try:
+        resolved = resolve_source(spec, revision=revision)
+    except ConversionError as exc:
+        raise UsageError(str(exc)) from None
+    if ambiguous or resolved.from_hub:
+        print(f"source {resolved.describe()}", file=sys.stderr)
+    return resolved
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     from .convert import convert
     from .errors import ConversionError
+    from .hub import companion_files
 
     max_shard_size = _size(args.max_shard_size)
+    source = _resolve(args.src, args.revision)
     try:
         report = convert(
-            args.src, args.out, padded_hidden_size=args.padded_hidden_size,
+            source.path, args.out, padded_hidden_size=args.padded_hidden_size,
             padded_intermediate_size=args.padded_intermediate_size, max_shard_size=max_shard_size,
-            overwrite=args.overwrite, progress=True,
+            overwrite=args.overwrite, progress=True, provenance=source.provenance(),
+            extra_files=companion_files(source.path),
         )
     except ConversionError as exc:  # a source or output we cannot use: unreadable input
         raise UsageError(str(exc)) from None
@@ -133,8 +153,9 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
     from .errors import ConversionError
     from .verify import verify_conversion
 
+    source = _resolve(args.source, args.revision, recorded_in=args.out)
     try:
-        report = verify_conversion(args.out, args.source, progress=True)
+        report = verify_conversion(args.out, source.path, progress=True)
     except ConversionError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
@@ -256,12 +277,17 @@ def build_parser() -> argparse.ArgumentParser:
     convert = commands.add_parser(
         "convert", help="convert a published GPT-OSS checkpoint (HF MXFP4 or HF BF16) to normalized FP8 (needs torch)",
         description="Convert the HF set of openai/gpt-oss-120b or -20b (MXFP4) or an HF BF16 GPT-OSS checkpoint "
-                    "into the normalized FP8 format, streaming one expert at a time. MXFP4 values stay exact "
+                    "into the normalized FP8 format, streaming one expert at a time. SRC may be a Hub repo id: only "
+                    "config, index, the listed shards, tokenizer and generation config are fetched (never original/ "
+                    "or metal/), through huggingface_hub's cache (HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply); they are "
+                    "copied into OUT with the commit recorded. MXFP4 values stay exact "
                     "wherever E4M3 can hold them (the report counts the rest). The output appears only when "
                     "complete; SRC is never modified. Check the result with verify-conversion.",
     )
-    convert.add_argument("src", metavar="SRC", help="the HF checkpoint directory (config.json + model.safetensors.index.json)")
+    convert.add_argument("src", metavar="SRC", help="the HF checkpoint directory (config.json + model.safetensors.index.json), "
+                                                    "or a Hub repo id such as openai/gpt-oss-120b (an existing local path wins)")
     convert.add_argument("out", metavar="OUT", help="output directory (must be empty or absent)")
+    convert.add_argument("--revision", metavar="R", help="Hub branch, tag or commit of a repo-id SRC (default main)")
     _add_output_options(convert, max_shard_size="5GB")
     convert.add_argument("--json", action="store_true", help="print the conversion report as JSON")
     convert.set_defaults(handler=_cmd_convert)
@@ -273,7 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "per-layer table; exit 1 on any violation.",
     )
     verify_conversion.add_argument("out", metavar="OUT", help="the converted checkpoint directory")
-    verify_conversion.add_argument("--source", required=True, metavar="SRC", help="the source it was converted from")
+    verify_conversion.add_argument("--source", required=True, metavar="SRC",
+                                   help="the source it was converted from: a directory or a Hub repo id")
+    verify_conversion.add_argument("--revision", metavar="R", help="Hub revision of a repo-id SRC (default: the commit "
+                                                                 "OUT records, else main)")
     verify_conversion.add_argument("--json", action="store_true", help="print the report as JSON")
     verify_conversion.set_defaults(handler=_cmd_verify_conversion)
     return parser

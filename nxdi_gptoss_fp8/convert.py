@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -775,6 +775,8 @@ def convert(
     max_shard_size: str | int = "5GB",
     overwrite: bool = False,
     progress: bool = True,
+    provenance: Mapping[str, Any] | None = None,
+    extra_files: Mapping[str, str | os.PathLike[str]] | None = None,
 ) -> ConversionReport:
     """Convert the HF MXFP4 or HF BF16 GPT-OSS checkpoint ``src`` into a normalized FP8
     checkpoint at ``out``.
@@ -786,6 +788,10 @@ def convert(
         padded_hidden_size / padded_intermediate_size: H' and I' (H or I plus a multiple of 32).
         max_shard_size: largest shard, e.g. ``"5GB"``.
         progress: show a tqdm bar on stderr (only when it is a terminal).
+        provenance: extra fields for the index's ``source`` metadata (e.g. the Hub repo and the
+            commit it resolved to; ``hub.ResolvedSource.provenance()``).
+        extra_files: output file name → file to copy beside the checkpoint (tokenizer and
+            generation config: ``hub.companion_files(src)``), inside the atomic write.
 
     Returns:
         A ``ConversionReport`` (bytes, time, exactness). Raises ``ConversionError`` for a source
@@ -819,7 +825,7 @@ def convert(
     bar = _progress_bar(progress, fmt.expected_total_size(layout), dims.num_hidden_layers)
     with bar, SourceReader(source) as reader, CheckpointWriter(
         out_path, layout, profile, output_config(source.config, dims), max_shard_size=shard_bytes,
-        source=source.provenance(), overwrite=overwrite,
+        source={**source.provenance(), **(provenance or {})}, overwrite=overwrite, extra_files=extra_files,
     ) as writer, ThreadPoolExecutor(max_workers=1, thread_name_prefix="convert-write") as pool, ThreadPoolExecutor(
         max_workers=_Workspace.LANES, thread_name_prefix="convert-encode"
     ) as compute, _single_threaded_torch():

@@ -4,7 +4,8 @@ Every shard's header is computed from the format's namespace before any data exi
 file is created at its final size and each tensor (or any chunk of one) is written at its
 offset as soon as it is ready: memory never holds more than the caller's chunk. Everything
 goes into a hidden temporary directory beside the output; ``commit`` checks that every byte
-was written, writes ``config.json`` and the index last, and renames the directory into place.
+was written, copies the extra files (tokenizer, generation config), writes ``config.json`` and
+the index last, and renames the directory into place.
 An interrupted write therefore never leaves a directory that passes the preflight.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ConversionError
+from .files import open_regular
 
 DEFAULT_MAX_SHARD_SIZE = 5_000_000_000
 _ALIGNMENT = 8
@@ -188,14 +190,21 @@ class CheckpointWriter:
         overwrite: bool = False,
         hash_workers: int = 2,
         record_sha256: bool = True,
+        extra_files: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> None:
         self.out = os.path.abspath(os.fspath(out))
         self.layout, self.profile, self.config = layout, profile, dict(config)
         self.source = dict(source) if source is not None else None
+        self.extra_files = dict(extra_files or {})
         self.overwrite, self.hash_workers, self.record_sha256 = overwrite, hash_workers, record_sha256
         prepare_output(self.out, overwrite=overwrite)
         plan = plan_shards(layout, max_shard_size)
         self.shard_names = [shard_file_name(i + 1, len(plan)) for i in range(len(plan))]
+        for name in self.extra_files:
+            if os.path.basename(name) != name or name in (".", "..", fmt.CONFIG_FILE, fmt.INDEX_FILE) \
+                    or name.lower().endswith(fmt.WEIGHT_FILE_SUFFIXES):
+                raise ConversionError(f"extra file {name!r} must be a plain file name that is not the checkpoint's own "
+                                      "config, index or a weight file")
         self._plan: dict[str, PlannedTensor] = {}
         self._headers: dict[str, tuple[bytes, int]] = {}
         for shard, specs in zip(self.shard_names, plan, strict=True):
@@ -264,6 +273,8 @@ class CheckpointWriter:
         digests = hash_files(paths, workers=self.hash_workers, progress=progress) if self.record_sha256 else None
         metadata = fmt.index_metadata(self.layout, self.profile, shard_sha256=digests, source=self.source)
         weight_map = {name: planned.shard for name, planned in self._plan.items()}
+        for name, source in self.extra_files.items():
+            _copy_regular(source, os.path.join(self.tmp, name))
         _write_json(os.path.join(self.tmp, fmt.CONFIG_FILE), self.config)
         _write_json(os.path.join(self.tmp, fmt.INDEX_FILE), {"metadata": metadata, "weight_map": weight_map})
         self._move_into_place()
@@ -293,6 +304,14 @@ class CheckpointWriter:
         else:
             os.rename(self.tmp, self.out)
         _fsync_dir(os.path.dirname(self.out))
+
+
+def _copy_regular(source: str | os.PathLike[str], target: str) -> None:
+    """Copy a regular file (a FIFO or device is refused, never read); fsynced like the rest."""
+    with open_regular(source) as reader, open(target, "wb") as writer:
+        shutil.copyfileobj(reader, writer, 1 << 20)
+        writer.flush()
+        os.fsync(writer.fileno())
 
 
 def _write_json(path: str, document: Any) -> None:
