@@ -308,10 +308,13 @@ class CheckpointWriter:
 
 def _copy_regular(source: str | os.PathLike[str], target: str) -> None:
     """Copy a regular file (a FIFO or device is refused, never read); fsynced like the rest."""
-    with open_regular(source) as reader, open(target, "wb") as writer:
-        shutil.copyfileobj(reader, writer, 1 << 20)
-        writer.flush()
-        os.fsync(writer.fileno())
+    try:
+        with open_regular(source) as reader, open(target, "wb") as writer:
+            shutil.copyfileobj(reader, writer, 1 << 20)
+            writer.flush()
+            os.fsync(writer.fileno())
+    except OSError as exc:  # NotRegularFileError included
+        raise ConversionError(f"cannot copy {os.fspath(source)} into the output: {exc.strerror or exc}") from None
 
 
 def _write_json(path: str, document: Any) -> None:

@@ -234,3 +234,11 @@ def test_real_snapshot_download_resolves_branches_and_commits_from_the_cache(tmp
         with pytest.raises(ConversionError) as caught:
             hub.resolve_source(repo_id, revision=revision, download=download)
         assert "\n" not in str(caught.value) and "not in the local Hub cache" in str(caught.value)
+
+
+def test_local_conversion_copies_the_companions_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = make_repo(tmp_path / "repo")
+    assert main(["convert", str(source), str(tmp_path / "out")]) == 0
+    assert "source" not in capsys.readouterr().err  # a plain path: nothing to disambiguate
+    assert sorted(hub.companion_files(tmp_path / "out")) == sorted(COMPANIONS)
+    assert "repo" not in json.loads((tmp_path / "out" / fmt.INDEX_FILE).read_text())["metadata"]["source"]

@@ -83,6 +83,45 @@ def test_put_rejects_unknown_names_and_overflows(tmp_path: Path) -> None:
             writer.put("norm.weight", bytes(130))
 
 
+def _write_all(writer: CheckpointWriter) -> None:
+    for name in writer.planned:
+        writer.put_zeros(name)
+
+
+def test_extra_files_are_copied_inside_the_atomic_write(tmp_path: Path) -> None:
+    layout = fmt.Layout.unpadded(TINY_DIMS)
+    (tmp_path / "tok.json").write_text('{"v": 1}')
+    link = tmp_path / "gen.json"
+    link.symlink_to(tmp_path / "tok.json")
+    extra = {"tokenizer.json": str(tmp_path / "tok.json"), "generation_config.json": str(link)}
+    out = tmp_path / "out"
+    with CheckpointWriter(out, layout, "custom", fmt.hf_config(TINY_DIMS), extra_files=extra) as writer:
+        _write_all(writer)
+        assert not out.exists()
+        writer.commit()
+    assert (out / "tokenizer.json").read_text() == '{"v": 1}' and not (out / "generation_config.json").is_symlink()
+    assert (out / fmt.INDEX_FILE).is_file() and not any(p.name.startswith(".") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", ["config.json", fmt.INDEX_FILE, "sub/tokenizer.json", "..", "x.safetensors", "w.bin"])
+def test_extra_files_cannot_shadow_the_checkpoint(tmp_path: Path, name: str) -> None:
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConversionError, match="plain file name"):
+        CheckpointWriter(tmp_path / "out", fmt.Layout.unpadded(TINY_DIMS), "custom", fmt.hf_config(TINY_DIMS),
+                         extra_files={name: str(tmp_path / "f")})
+
+
+def test_an_extra_file_that_is_a_fifo_is_refused_and_nothing_appears(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    out = tmp_path / "out"
+    with CheckpointWriter(out, fmt.Layout.unpadded(TINY_DIMS), "custom", fmt.hf_config(TINY_DIMS),
+                          extra_files={"tokenizer.json": str(tmp_path / "fifo")}) as writer:
+        _write_all(writer)
+        with pytest.raises(ConversionError, match="FIFO"):
+            writer.commit()
+    assert not out.exists()
+
+
 def test_refuses_non_empty_output_without_overwrite(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
