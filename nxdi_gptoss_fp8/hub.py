@@ -95,9 +95,7 @@ def _fetch(download: Downloader, repo_id: str, revision: str | None, allow: list
     try:
         return os.fspath(download(repo_id=repo_id, revision=revision, allow_patterns=allow,
                                   ignore_patterns=list(NEVER_FETCHED)))
-    except ConversionError:
-        raise
-    except Exception as exc:  # huggingface_hub's errors (offline, not found, gated, HTTP), OSError
+    except (OSError, ValueError) as exc:  # every huggingface_hub error (offline, not found, gated, HTTP) is one
         name = type(exc).__name__
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else name
         hint = ""

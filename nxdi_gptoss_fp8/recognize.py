@@ -342,6 +342,9 @@ def _recognize_weights(rec: Recognition, reader: _Reader, entries: Mapping[str, 
         rec.kind = HF_MXFP4
         rec.evidence.append(f"{source}: {name} (MXFP4 blocks/scales)")
         rec.evidence.append(f"{fmt.CONFIG_FILE}: quantization_config.quant_method = {method!r}")
+        if method != "mxfp4":
+            rec.notes.append(f"{fmt.CONFIG_FILE} should declare quant_method 'mxfp4' beside MXFP4 tensors: "
+                             "config and weights may come from different sets (convert refuses the pair)")
         rec.actions = [fmt.ADVICE_HF_LOAD, fmt.convert_advice(root)]
     elif (name := _first(names, _HF_DENSE)) is not None:
         rec.kind = HF_BF16

@@ -294,3 +294,12 @@ def test_recognize_never_raises(tmp_path_factory: pytest.TempPathFactory, config
     assert found.kind in rz.TITLES
     json.dumps(found.to_dict())
     assert found.render_text()
+
+
+def test_mxfp4_tensors_beside_another_config_are_noted(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "hf", original=False)
+    config = json.loads((source / fmt.CONFIG_FILE).read_text())
+    del config["quantization_config"]
+    (source / fmt.CONFIG_FILE).write_text(json.dumps(config))
+    found = rz.recognize(source)
+    assert found.kind == rz.HF_MXFP4 and any("different sets" in note for note in found.notes)
