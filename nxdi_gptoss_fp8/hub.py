@@ -162,7 +162,7 @@ def resolve_source(spec: str | os.PathLike[str], *, revision: str | None = None,
             raise ConversionError(f"--revision applies to a Hub repo id, but {text} is a local path")
         return ResolvedSource(spec=text, path=text)
     if not is_repo_id(text):
-        raise ConversionError(f"{text} does not exist, and is not a Hub repo id (like openai/gpt-oss-120b)")
+        raise ConversionError(f"{text} does not exist: it is not a directory, nor a Hub repo id like openai/gpt-oss-120b")
     download = download or _snapshot_download()
     first = _fetch(download, text, revision, list(METADATA_FILES))
     commit = os.path.basename(os.path.normpath(first))

@@ -125,7 +125,7 @@ def test_an_existing_local_path_wins(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert resolved.describe() == f"{REPO_ID}: local directory"
     with pytest.raises(ConversionError, match="--revision applies to a Hub repo id"):
         hub.resolve_source(REPO_ID, revision="main", download=never)
-    with pytest.raises(ConversionError, match="does not exist, and is not a Hub repo id"):
+    with pytest.raises(ConversionError, match="does not exist: it is not a directory, nor a Hub repo id"):
         hub.resolve_source("./no/such/dir", download=never)
 
 
