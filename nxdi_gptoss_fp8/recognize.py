@@ -202,7 +202,12 @@ class _Reader:
             return None
 
     def header_names(self, name: str) -> dict[str, str] | None:
-        """tensor name → dtype from the header of shard ``name`` (None when it cannot be read)."""
+        """tensor name → dtype from the header of shard ``name`` (None when it cannot be read).
+
+        Only plain file names in the directory: an index naming ``../elsewhere`` is not followed.
+        """
+        if os.path.basename(name) != name or name in ("", ".", ".."):
+            return None
         if self.rec.headers_read >= MAX_HEADERS or not self.regular(name):
             return None
         self.rec.headers_read += 1

@@ -303,3 +303,13 @@ def test_mxfp4_tensors_beside_another_config_are_noted(tmp_path: Path) -> None:
     (source / fmt.CONFIG_FILE).write_text(json.dumps(config))
     found = rz.recognize(source)
     assert found.kind == rz.HF_MXFP4 and any("different sets" in note for note in found.notes)
+
+
+def test_an_index_pointing_outside_is_not_followed(tmp_path: Path) -> None:
+    write_headers(tmp_path / "outside.safetensors", {"block.0.mlp.mlp1_weight": ("F8_E4M3", (2, 4, 4))})
+    root = tmp_path / "d"
+    root.mkdir()
+    (root / fmt.INDEX_FILE).write_text(json.dumps({"weight_map": {"block.0.mlp.mlp1_weight": "../outside.safetensors"}}))
+    found = rz.recognize(root)
+    assert found.kind == rz.LEGACY_BF16 and found.headers_read == 0
+    assert any("dtype not read" in e for e in found.evidence)
