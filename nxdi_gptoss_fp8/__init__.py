@@ -20,7 +20,6 @@ from .errors import (
 )
 from .findings import CHECKS, Finding, PreflightReport, Severity
 from .format import FORMAT_NAME, FORMAT_VERSION
-from .recognize import Recognition, recognize
 
 __version__ = "0.1.0"
 
@@ -36,12 +35,10 @@ __all__ = [
     "NxdiGptossFp8Error",
     "PreflightError",
     "PreflightReport",
-    "Recognition",
     "RegistrationError",
     "Severity",
     "__version__",
     "preflight",
-    "recognize",
 ]
 
 
