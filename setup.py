@@ -18,9 +18,11 @@ setup(
         # torch is not pinned here: install the build you need first (CPU: torch==2.13.0).
         "torch": ["torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60"],
         "neuron": ["neuronx-distributed", "torch-neuronx"],
+        # converting from a Hub repo id (`convert openai/gpt-oss-120b OUT`)
+        "hub": ["huggingface_hub>=0.20"],
         "test": [
             "torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60",
-            "pytest>=7.4", "hypothesis>=6.80", "ruff>=0.4",
+            "pytest>=7.4", "hypothesis>=6.80", "ruff>=0.4", "huggingface_hub>=0.20",
         ],
     },
     entry_points={

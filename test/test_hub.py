@@ -139,7 +139,7 @@ def test_repo_id_shape(text: str, expected: bool) -> None:
 
 
 def test_hub_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    LocalEntryNotFoundError = pytest.importorskip("huggingface_hub.errors").LocalEntryNotFoundError
 
     def offline(**_: Any) -> str:
         raise LocalEntryNotFoundError("Cannot find an appropriate cached snapshot folder\nsecond line")
@@ -199,6 +199,7 @@ def cli(args: list[str], cwd: Path, hf_home: Path) -> subprocess.CompletedProces
 
 
 def test_convert_and_verify_a_repo_id_from_the_offline_cache(tmp_path: Path) -> None:
+    pytest.importorskip("huggingface_hub")
     repo = make_repo(tmp_path / "repo")
     snapshot = lay_out_cache(tmp_path / "hf", repo, REPO_ID, COMMIT)
     out = tmp_path / "out"
@@ -221,7 +222,7 @@ def test_convert_and_verify_a_repo_id_from_the_offline_cache(tmp_path: Path) -> 
 
 def test_real_snapshot_download_resolves_branches_and_commits_from_the_cache(tmp_path: Path) -> None:
     """huggingface_hub's own offline lookup (refs/main → snapshot), through our two fetches."""
-    from huggingface_hub import snapshot_download
+    snapshot_download = pytest.importorskip("huggingface_hub").snapshot_download
 
     lay_out_cache(tmp_path / "hf", make_repo(tmp_path / "repo"), REPO_ID, COMMIT)
     download = functools.partial(snapshot_download, cache_dir=str(tmp_path / "hf" / "hub"), local_files_only=True)
