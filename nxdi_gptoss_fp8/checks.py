@@ -8,6 +8,7 @@ files → parsed headers → findings. The loader maps tensors only when the rep
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -19,13 +20,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import format as fmt
+from .binding import seal
 from .findings import PreflightReport, Severity
 from .integrity import check_digests
-from .safetensors_header import HeaderError, SafetensorsHeader, TensorInfo, parse_json_strict, read_header
+from .safetensors_header import (
+    FileIdentity,
+    HeaderError,
+    SafetensorsHeader,
+    TensorInfo,
+    parse_json_strict,
+    read_header,
+)
 
 MAX_JSON_FILE_SIZE = 64 * 1024 * 1024
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _TRUTHY = {"1", "true", "yes", "on"}
+NOT_CHECKED_SCALES = "scale values"
 
 
 def allow_custom_from_env(environ: Mapping[str, str] | None = None) -> bool:
@@ -49,6 +59,8 @@ class CheckpointView:
     layout: fmt.Layout | None = None
     # tensor name → the shards whose headers hold it (more than one is a collision)
     locations: dict[str, list[str]] = field(default_factory=dict)
+    # config.json / index → (identity of the file read, SHA-256 of its bytes): bound into the report
+    json_files: dict[str, tuple[FileIdentity, str]] = field(default_factory=dict)
 
     def tensor(self, key: str) -> tuple[str, TensorInfo] | None:
         """Where ``key`` physically is: the shard the index names if it holds it, else any."""
@@ -112,6 +124,7 @@ def preflight(
         if read_scales:
             _check_scale_values(view, report)
         else:
+            report.not_checked.append(NOT_CHECKED_SCALES)
             report.add("values", "not_checked", "scale values were not read (headers-only preflight)", severity=Severity.INFO)
         _check_total_size(view, report)
         check_digests(view, report, verify=verify_checksums)
@@ -126,7 +139,11 @@ def preflight(
     report.profile = view.metadata.get("model_profile") if isinstance(view.metadata.get("model_profile"), str) else None
     report.shards = len(view.headers)
     report.tensors = len(view.locations)
-    report.view = view
+    report.checked = seal(
+        view, root=os.path.realpath(root), headers_only=not read_scales, allow_custom_model=allow_custom_model,
+        deep=deep, verify_checksums=verify_checksums, config=bound_config(neuron_config, inference_config),
+        json_files=view.json_files,
+    )
     report.elapsed_s = time.perf_counter() - started
     return report
 
@@ -160,11 +177,13 @@ def _read_json_file(view: CheckpointView, report: PreflightReport, name: str, ch
             report.add(check, "too_large", f"{name} is {size:,} bytes, above the {MAX_JSON_FILE_SIZE:,}-byte limit", file=name)
             return None
         with open(file_path, "rb") as handle:
+            identity = FileIdentity.of(os.fstat(handle.fileno()))
             raw = handle.read(MAX_JSON_FILE_SIZE + 1)
     except OSError as exc:
         report.add("filesystem", "unreadable", f"cannot read {name}: {exc.strerror or exc}", file=name)
         return None
     report.bytes_read += len(raw)
+    view.json_files[name] = (identity, hashlib.sha256(raw).hexdigest())
     try:
         document = parse_json_strict(raw.decode("utf-8"), what=name)
     except UnicodeDecodeError:
@@ -665,6 +684,17 @@ def neuron_config_view(neuron_config: Any) -> Any:
         return inner if isinstance(inner, Mapping) else neuron_config
     inner = getattr(neuron_config, "neuron_config", None)
     return inner if inner is not None else neuron_config
+
+
+def bound_config(neuron_config: Any, inference_config: Any) -> Any:
+    """The one config object a report is bound to, as the loader receives it: the
+    InferenceConfig (or nested mapping) when given, else the NeuronConfig; both when the
+    NeuronConfig is not the one inside the InferenceConfig (no single load config matches that)."""
+    if inference_config is None:
+        return neuron_config
+    if neuron_config is None or neuron_config is neuron_config_view(inference_config):
+        return inference_config
+    return (neuron_config, inference_config)
 
 
 def _positive_int(value: Any, default: int) -> int | None:

@@ -40,6 +40,20 @@ class LoadError(NxdiGptossFp8Error):
     """The checkpoint cannot be loaded as asked (a wrong call, not a malformed checkpoint)."""
 
 
+class ReportBindingError(LoadError):
+    """The preflight report handed to the loader does not vouch for this load (another
+    directory, a headers-only or failed run, another NxDI config or opt-in); nothing was mapped."""
+
+
+class FailedReportError(PreflightError, ReportBindingError):
+    """A report with errors handed to the loader: a ``PreflightError`` (``report`` holds every
+    finding) whose message is one line, the count and the first finding."""
+
+    def __init__(self, report: PreflightReport, message: str) -> None:
+        Exception.__init__(self, message)
+        self.report = report
+
+
 class ConversionError(NxdiGptossFp8Error):
     """A source checkpoint cannot be converted (unknown layout, bad tensor, existing output)."""
 

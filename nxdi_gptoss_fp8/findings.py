@@ -12,9 +12,13 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import PreflightError
+
+if TYPE_CHECKING:
+    from .binding import CheckedCheckpoint
+    from .checks import CheckpointView
 
 
 class Severity(str, Enum):
@@ -81,8 +85,16 @@ class PreflightReport:
     elapsed_s: float = 0.0
     shards: int = 0
     tensors: int = 0
-    # What the checks learned (a preflight.CheckpointView): the loader maps from it.
-    view: Any = field(default=None, repr=False, compare=False)
+    # What was deliberately left unchecked (e.g. "scale values" with headers only): a partial verdict.
+    not_checked: list[str] = field(default_factory=list)
+    # What the checks learned, bound to the directory, options, config and files they checked;
+    # set only by preflight(), and the only thing the loader maps from.
+    checked: CheckedCheckpoint | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def view(self) -> CheckpointView | None:
+        """The preflight's view of the checkpoint (None for a report not made by ``preflight()``)."""
+        return self.checked.view if self.checked is not None else None
 
     def add(
         self,
@@ -108,8 +120,19 @@ class PreflightReport:
         return [f for f in self.findings if f.severity is Severity.WARNING]
 
     @property
-    def ok(self) -> bool:
+    def clean(self) -> bool:
+        """No errors in what was checked."""
         return not self.errors
+
+    @property
+    def complete(self) -> bool:
+        """Everything a verdict covers was checked (not a headers-only run)."""
+        return not self.not_checked
+
+    @property
+    def ok(self) -> bool:
+        """The verdict: complete and clean. A partial run is never ok, however clean."""
+        return self.clean and self.complete
 
     def codes(self) -> list[str]:
         return [f.code for f in self.findings]
@@ -131,6 +154,8 @@ class PreflightReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "complete": self.complete,
+            "not_checked": list(self.not_checked),
             "path": self.path,
             "summary": self.summary(),
             "findings": [f.to_dict() for f in self.findings],
@@ -146,16 +171,24 @@ class PreflightReport:
         lines = [f.render() for f in shown]
         if len(shown) < len(ordered):
             lines.append(f"... and {len(ordered) - len(shown)} more findings (use --json for all)")
-        verdict = "VALID" if self.ok else "INVALID"
+        if not self.clean:
+            verdict = "INVALID:"
+        elif not self.complete:
+            verdict = f"PARTIAL (headers only): no errors in what was checked; not checked: {', '.join(self.not_checked)};"
+        else:
+            verdict = "VALID:"
         lines.append(
-            f"{verdict}: {self.path}: {len(self.errors)} errors, {len(self.warnings)} warnings; "
+            f"{verdict} {self.path}: {len(self.errors)} errors, {len(self.warnings)} warnings; "
             f"{self.shards} shards, {self.tensors} tensors, profile {self.profile or 'unknown'}; "
             f"read {self.bytes_read:,} bytes in {self.elapsed_s * 1000:.1f} ms"
         )
         return "\n".join(lines)
 
     def raise_if_failed(self) -> PreflightReport:
-        """Raise ``PreflightError`` listing every finding unless the checkpoint is valid."""
-        if not self.ok:
+        """Raise ``PreflightError`` listing every finding when the run found errors.
+
+        A clean partial report does not raise (it found nothing wrong), but it is not ``ok``
+        and the loader refuses it."""
+        if not self.clean:
             raise PreflightError(self)
         return self

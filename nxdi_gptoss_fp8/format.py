@@ -33,6 +33,15 @@ PROFILE_120B = "gpt-oss-120b"
 PROFILE_20B = "gpt-oss-20b"
 PROFILE_CUSTOM = "custom"
 ALLOW_CUSTOM_ENV = "NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL"
+# Load-time choices (README "Loading with NxDI"): each an environment variable and a
+# neuron_config attribute (kept through NxDI's config JSON round trip by the hook).
+VERIFY_AT_LOAD_ENV = "NXDI_GPTOSS_FP8_VERIFY_AT_LOAD"
+VERIFY_AT_LOAD_ATTR = "normalized_fp8_verify_at_load"
+LOAD_MODE_ENV = "NXDI_GPTOSS_FP8_LOAD_MODE"
+LOAD_MODE_ATTR = "normalized_fp8_load_mode"
+LOAD_MODE_MMAP = "mmap"  # the default: private copy-on-write mappings of the shard files
+LOAD_MODE_PRIVATE = "private"  # read every shard into anonymous memory
+LOAD_MODES = (LOAD_MODE_MMAP, LOAD_MODE_PRIVATE)
 
 # safetensors dtype names used by the format.
 BF16 = "BF16"

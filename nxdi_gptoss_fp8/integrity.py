@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import format as fmt
 from .findings import PreflightReport, Severity
-from .writer import hash_files
+from .hashing import hash_files
 
 if TYPE_CHECKING:
     from .checks import CheckpointView

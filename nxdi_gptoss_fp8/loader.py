@@ -1,12 +1,19 @@
 """Zero-copy loading of a preflighted normalized checkpoint into NxDI's final state dict.
 
-The loader never parses anything itself: it maps the shards the preflight's ``CheckpointView``
-describes. Before mapping, each shard is re-checked against what the preflight saw (device,
-inode, size, mtime and the SHA-256 of its header bytes), so a file rewritten, truncated or
-replaced in between is refused (``IntegrityError``). Each shard is mapped private
-copy-on-write (``mmap.ACCESS_COPY``): NxD's preshard hooks may modify tensors in place, and
-those writes land in private anonymous pages, never in the checkpoint. Every stored tensor is
-a view into its mapping (``torch.frombuffer``); the mapping lives as long as a tensor uses it.
+The loader never parses anything itself: it maps the shards that a preflight report describes,
+and only when that report is bound to this load (``binding.Binding``: the same resolved
+directory, a complete and clean run, the same NxDI config and custom-model opt-in); otherwise
+``ReportBindingError`` before anything is mapped. Each shard is then re-checked on the open
+descriptor against the identity the preflight bound (device, inode, size, mtime_ns, ctime_ns,
+the SHA-256 of its header bytes, and that it still resolves inside the directory), so a file
+rewritten, truncated, relinked or replaced in between is refused (``IntegrityError``). Each
+shard is mapped private copy-on-write (``mmap.ACCESS_COPY``): NxD's preshard hooks may modify
+tensors in place, and those writes land in private anonymous pages, never in the checkpoint.
+Every stored tensor is a view into its mapping (``torch.frombuffer``).
+
+Like any mmap loader, a mapping still shows later writes to the file and a truncation kills the
+reader (SIGBUS). Two opt-ins (``LoadPolicy``) cover checkpoints that may change while loading:
+verifying ``shard_sha256`` over the mapped bytes, and reading the shards into private memory.
 
 Then the runtime-derived entries of the format's §4 are synthesized exactly as NxDI's GPT-OSS
 conversion (HF branch, BF16 compute) would for the given NeuronConfig, and every tensor is
@@ -21,7 +28,9 @@ import itertools
 import logging
 import mmap
 import os
+import stat
 import struct
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +38,12 @@ from typing import Any
 import torch
 
 from . import format as fmt
+from .binding import Binding, config_fingerprint
 from .checks import CheckpointView, allow_custom_from_env, config_attr, neuron_config_view, preflight
-from .errors import IntegrityError, LoadError
+from .errors import FailedReportError, IntegrityError, LoadError, ReportBindingError
 from .findings import PreflightReport
+from .hashing import hash_buffers
+from .integrity import DIGESTS_KEY
 from .safetensors_header import PREFIX_SIZE, FileIdentity, SafetensorsHeader
 
 logger = logging.getLogger(__name__)
@@ -122,6 +134,62 @@ class RuntimeOptions:
         return self.lm_head_pad and vocab_size % multiple != 0
 
 
+_ON = {"1", "true", "yes", "on"}
+_OFF = {"", "0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class LoadPolicy:
+    """How the shard bytes reach NxDI: mapped (the default) or read into private memory, and
+    whether ``shard_sha256`` is verified over the very bytes the tensors view.
+
+    Each choice is an environment variable and a ``neuron_config`` attribute
+    (``format.VERIFY_AT_LOAD_*``, ``format.LOAD_MODE_*``): verification is on when either asks
+    for it; the two load-mode settings must not disagree.
+    """
+
+    verify_digests: bool = False
+    load_mode: str = fmt.LOAD_MODE_MMAP
+
+    @property
+    def private(self) -> bool:
+        return self.load_mode == fmt.LOAD_MODE_PRIVATE
+
+    @classmethod
+    def resolve(cls, config: Any = None, environ: Mapping[str, str] | None = None) -> LoadPolicy:
+        """Read both choices from the environment and the NeuronConfig; ``LoadError`` for a value
+        that is neither on/off (verify) nor a known mode, or for two disagreeing modes."""
+        env = os.environ if environ is None else environ
+        nc = neuron_config_view(config) if config is not None else None
+        verify = _switch(env.get(fmt.VERIFY_AT_LOAD_ENV), fmt.VERIFY_AT_LOAD_ENV) or _switch(
+            config_attr(nc, fmt.VERIFY_AT_LOAD_ATTR) if nc is not None else None, f"neuron_config.{fmt.VERIFY_AT_LOAD_ATTR}")
+        modes = {source: mode for source, mode in (
+            (fmt.LOAD_MODE_ENV, _mode(env.get(fmt.LOAD_MODE_ENV), fmt.LOAD_MODE_ENV)),
+            (f"neuron_config.{fmt.LOAD_MODE_ATTR}", _mode(config_attr(nc, fmt.LOAD_MODE_ATTR) if nc is not None else None,
+                                                       f"neuron_config.{fmt.LOAD_MODE_ATTR}")),
+        ) if mode is not None}
+        if len(set(modes.values())) > 1:
+            raise LoadError(" contradicts ".join(f"{source}={mode!r}" for source, mode in modes.items())
+                            + ": set one of them, or both to the same mode")
+        return cls(verify_digests=verify, load_mode=next(iter(modes.values()), fmt.LOAD_MODE_MMAP))
+
+
+def _switch(value: Any, source: str) -> bool:
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _ON | _OFF:
+        return value.strip().lower() in _ON
+    raise LoadError(f"{source}={value!r} is not on or off: set it to 1 (verify shard_sha256 at load) or 0")
+
+
+def _mode(value: Any, source: str) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str) and value.strip().lower() in fmt.LOAD_MODES:
+        return value.strip().lower()
+    raise LoadError(f"{source}={value!r} is not a load mode: set it to one of {', '.join(fmt.LOAD_MODES)}")
+
+
 @dataclass
 class LoadedCheckpoint:
     """A loaded state dict and what loading it cost."""
@@ -134,18 +202,27 @@ class LoadedCheckpoint:
     derived: list[str] = field(default_factory=list)  # synthesized from the runtime config
     cast: list[str] = field(default_factory=list)  # stored tensors copied to another dtype
     copied_bytes: int = 0
+    policy: LoadPolicy = field(default_factory=LoadPolicy)
+    private_bytes: int = 0  # shard bytes read into anonymous memory (load mode "private")
+    verified_bytes: int = 0  # bytes hashed against shard_sha256 at load
+    verify_s: float = 0.0
 
     def describe(self) -> str:
         """A few lines saying what was mapped, derived and copied."""
         dtypes = ", ".join(f"{count} {dtype}" for dtype, count in sorted(self.mapped_dtypes.items()))
+        how = (f"read into private memory ({self.private_bytes:,} bytes)" if self.policy.private
+               else "as copy-on-write views, no tensor byte read or copied")
         lines = [
             f"mapped {len(self.mapped)} tensors ({self.mapped_bytes:,} bytes) from {self.shards} shards "
-            f"as copy-on-write views, no tensor byte read or copied: {dtypes}",
+            f"{how}: {dtypes}",
             f"derived {len(self.derived)} runtime entries (format §4): "
             + ", ".join(_summarize_keys(self.derived)),
             f"copied {self.copied_bytes:,} bytes in total (derived entries"
             + (f", {len(self.cast)} dtype casts" if self.cast else "") + ")",
         ]
+        if self.policy.verify_digests:
+            lines.append(f"verified {self.shards} shards ({self.verified_bytes:,} bytes) against {DIGESTS_KEY} "
+                         f"over the loaded bytes in {self.verify_s:.2f} s")
         return "\n".join(lines)
 
 
@@ -163,18 +240,6 @@ def _summarize_keys(keys: list[str]) -> list[str]:
 # --------------------------------------------------------------------------- mapping
 
 
-def _identity_changes(before: FileIdentity, now: FileIdentity) -> list[str]:
-    changes = []
-    if (now.device, now.inode) != (before.device, before.inode):
-        changes.append(f"inode {before.inode} → {now.inode} (the file was replaced)")
-    if now.size != before.size:
-        what = "truncated" if now.size < before.size else "grown"
-        changes.append(f"size {before.size:,} → {now.size:,} bytes ({what})")
-    if now.mtime_ns != before.mtime_ns:
-        changes.append("modification time changed (rewritten in place)")
-    return changes
-
-
 def _refuse(shard: str, changes: list[str]) -> IntegrityError:
     return IntegrityError(
         f"{shard} changed after the preflight: {'; '.join(changes)}. Nothing was loaded; wait "
@@ -182,19 +247,47 @@ def _refuse(shard: str, changes: list[str]) -> IntegrityError:
     )
 
 
-def map_shard(shard: str, header: SafetensorsHeader) -> mmap.mmap:
-    """Map one shard private copy-on-write after checking it is the file the preflight read.
+def _opened_path(fd: int, path: str) -> str:
+    """Where the open descriptor ``fd`` really points (Linux: /proc/self/fd), else ``path`` resolved."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+
+
+def _read_private(fd: int, size: int, shard: str) -> mmap.mmap:
+    """Read the whole file behind ``fd`` into anonymous memory (later writes to the file do not show)."""
+    buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with memoryview(buffer) as view:
+        position = 0
+        while position < size:
+            count = os.preadv(fd, [view[position:]], position)
+            if count <= 0:
+                buffer.close()
+                raise _refuse(shard, [f"it ended at byte {position:,} of {size:,} while being read (truncated)"])
+            position += count
+    return buffer
+
+
+def map_shard(shard: str, header: SafetensorsHeader, *, root: str, private: bool = False) -> mmap.mmap:
+    """Map one shard private copy-on-write (or, ``private``, read it into anonymous memory) after
+    checking it is the file the preflight read, still inside the resolved directory ``root``.
 
     The checks run on the open descriptor that is then mapped, so the path cannot be swapped
-    between check and map; the identity is checked again after mapping.
+    between check and map; the identity is checked again afterwards.
     """
-    try:
-        fd = os.open(header.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    path = os.path.join(root, shard)
+    try:  # O_NONBLOCK: a FIFO swapped in must not block the open (it then fails the identity check)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise _refuse(shard, [f"it can no longer be opened ({exc.strerror or exc})"]) from None
     try:
-        changes = _identity_changes(header.identity, FileIdentity.of(os.fstat(fd)))
-        if not changes:
+        status = os.fstat(fd)
+        changes = FileIdentity.of(status).changes_since(header.identity)
+        target = _opened_path(fd, path)
+        if os.path.dirname(target) != root:
+            changes.insert(0, f"it now resolves to {target}, outside the checkpoint directory (a link was put in its place)")
+        if not changes and stat.S_ISREG(status.st_mode):
             prefix = os.pread(fd, PREFIX_SIZE, 0)
             length = struct.unpack("<Q", prefix)[0] if len(prefix) == PREFIX_SIZE else -1
             if length != header.header_length:
@@ -204,10 +297,11 @@ def map_shard(shard: str, header: SafetensorsHeader) -> mmap.mmap:
         if changes:
             raise _refuse(shard, changes)
         try:
-            mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+            mapping = (_read_private(fd, header.identity.size, shard) if private
+                       else mmap.mmap(fd, 0, access=mmap.ACCESS_COPY))
         except (OSError, ValueError) as exc:
-            raise LoadError(f"cannot map {shard} ({header.identity.size:,} bytes): {exc}") from None
-        changes = _identity_changes(header.identity, FileIdentity.of(os.fstat(fd)))
+            raise LoadError(f"cannot {'read' if private else 'map'} {shard} ({header.identity.size:,} bytes): {exc}") from None
+        changes = FileIdentity.of(os.fstat(fd)).changes_since(header.identity)
         if changes or len(mapping) != header.identity.size:
             mapping.close()
             raise _refuse(shard, changes or ["its mapped size differs"])
@@ -319,42 +413,144 @@ def _finalize(stored: Mapping[str, torch.Tensor], layout: fmt.Layout, options: R
 # --------------------------------------------------------------------------- entry points
 
 
+def check_report(path: str | os.PathLike[str], report: PreflightReport, config: Any,
+                 allow_custom_model: bool) -> Binding:
+    """The report's binding when it vouches for loading ``path`` with ``config``; else
+    ``ReportBindingError`` (one line: what differs and what to do). Reads no file."""
+    where = os.fspath(path)
+    checked = report.checked
+    if checked is None:
+        raise ReportBindingError(f"the report for {report.path} was not made by preflight() and is bound to nothing: "
+                                 f"pass report=preflight({where!r}, ...) or no report (nothing was mapped)")
+    binding = checked.binding
+    root = os.path.realpath(where)
+    if root != binding.root:
+        raise ReportBindingError(f"the report checked {binding.root}, not {root}: preflight the directory you load "
+                                 "(nothing was mapped)")
+    if binding.headers_only:
+        raise ReportBindingError(f"the report for {root} is headers-only (scale values not checked): run the full "
+                                 "preflight (read_scales=True) before loading (nothing was mapped)")
+    if not report.ok:
+        first = report.errors[0] if report.errors else None
+        what = f"{first.code} in {first.file or root}" if first else ", ".join(report.not_checked) + " not checked"
+        raise FailedReportError(report, f"the report for {root} has {len(report.errors)} errors (first: {what}): fix "
+                                        "them (validate lists every finding), then load again (nothing was mapped)")
+    fingerprint = config_fingerprint(config)
+    if fingerprint != binding.config_fingerprint:
+        given = "no NxDI config" if config is None else "a different NxDI config"
+        made = "no NxDI config" if binding.config_fingerprint == "none" else "another NxDI config"
+        raise ReportBindingError(f"the report for {root} was made with {made}, this load has {given}: preflight with the "
+                                 "same config object the load gets, unchanged in between (nothing was mapped)")
+    if binding.allow_custom_model and not allow_custom_model:
+        raise ReportBindingError(f"the report for {root} was made with the custom-model opt-in and this load has none: "
+                                 f"pass allow_custom_model=True or set {fmt.ALLOW_CUSTOM_ENV}=1 (nothing was mapped)")
+    return binding
+
+
+def _check_json_files(binding: Binding) -> None:
+    """``config.json`` and the index must still be the files the preflight read."""
+    for name in (fmt.CONFIG_FILE, fmt.INDEX_FILE):
+        bound = binding.file(name)
+        if bound is None:
+            continue
+        try:
+            now = FileIdentity.of(os.stat(os.path.join(binding.root, name)))
+        except OSError as exc:
+            raise _refuse(name, [f"it can no longer be read ({exc.strerror or exc})"]) from None
+        changes = now.changes_since(bound.identity)
+        if changes:
+            raise _refuse(name, changes)
+
+
+def _map_all(view: CheckpointView, binding: Binding, policy: LoadPolicy) -> dict[str, mmap.mmap]:
+    mappings: dict[str, mmap.mmap] = {}
+    try:
+        for shard, header in sorted(view.headers.items()):
+            mappings[shard] = map_shard(shard, header, root=binding.root, private=policy.private)
+    except BaseException:
+        for mapping in mappings.values():
+            mapping.close()
+        raise
+    return mappings
+
+
+def verify_loaded(view: CheckpointView, mappings: Mapping[str, mmap.mmap]) -> int:
+    """Check every loaded shard's bytes (exactly what the tensors view) against ``shard_sha256``;
+    ``IntegrityError`` when the index has no digest for one, or one differs. Returns bytes hashed."""
+    digests = view.metadata.get(DIGESTS_KEY)
+    if not isinstance(digests, Mapping):
+        raise IntegrityError(f"{fmt.INDEX_FILE} has no metadata.{DIGESTS_KEY}, so verifying at load "
+                             f"({fmt.VERIFY_AT_LOAD_ENV} / neuron_config.{fmt.VERIFY_AT_LOAD_ATTR}) cannot check any "
+                             "shard: re-write the checkpoint with digests, or turn verification off")
+    missing = sorted(shard for shard in mappings if not isinstance(digests.get(shard), str))
+    if missing:
+        raise IntegrityError(f"{fmt.INDEX_FILE} metadata.{DIGESTS_KEY} has no digest for {missing[0]}: "
+                             "re-write the checkpoint with digests, or turn verification off")
+    actual = hash_buffers(mappings, workers=min(len(mappings), os.cpu_count() or 1))
+    for shard in sorted(mappings):
+        if actual[shard] != digests[shard]:
+            raise IntegrityError(f"{shard}: the loaded bytes have SHA-256 {actual[shard]}, the index records "
+                                 f"{digests[shard]}: the file differs from what was written (changed, corrupted or "
+                                 "partly copied); copy it again from the source (nothing was returned)")
+    return sum(len(mapping) for mapping in mappings.values())
+
+
 def load_checkpoint(
     path: str | os.PathLike[str],
     config: Any = None,
     *,
     report: PreflightReport | None = None,
     allow_custom_model: bool | None = None,
+    policy: LoadPolicy | None = None,
 ) -> LoadedCheckpoint:
-    """Preflight (unless ``report`` is a clean report of ``path``), then map and finalize.
+    """Preflight (unless ``report`` is given), check the report is bound to this load, then map
+    (or read), optionally verify, and finalize.
 
     Args:
         path: the checkpoint directory.
         config: NxDI's InferenceConfig (or its NeuronConfig, or a mapping); ``None`` uses
             NxDI's NeuronConfig defaults (tp 1, no fused QKV, ...).
-        report: a preflight report of ``path`` made with the same config; reused, not redone.
+        report: a complete, clean ``preflight()`` report of ``path`` made with this same
+            ``config`` (and custom opt-in); reused, not redone. Anything else is refused.
         allow_custom_model: accept a custom profile; default: the environment opt-in.
+        policy: load mode and verification; default: ``LoadPolicy.resolve(config)`` (the
+            environment and the NeuronConfig attributes).
 
-    Raises ``PreflightError`` listing every finding, ``IntegrityError`` when a shard changed
-    after the preflight, ``LoadError`` when a shard cannot be mapped. Example::
+    Raises ``PreflightError`` listing every finding of its own preflight, ``ReportBindingError``
+    for a report that does not vouch for this load, ``IntegrityError`` when a file changed after
+    the preflight (or a digest differs), ``LoadError`` when a shard cannot be mapped. Example::
 
         sd = load_checkpoint("/ckpt/gpt-oss-120b-fp8", inference_config).state_dict
     """
+    if allow_custom_model is None:
+        allow_custom_model = allow_custom_from_env()
+    policy = policy if policy is not None else LoadPolicy.resolve(config)
     if report is None:
-        if allow_custom_model is None:
-            allow_custom_model = allow_custom_from_env()
         nc = neuron_config_view(config) if config is not None else None
         inference_config = config if config is not None and nc is not config else None
         report = preflight(path, neuron_config=nc, inference_config=inference_config,
                            allow_custom_model=allow_custom_model)
-    report.raise_if_failed()
+        report.raise_if_failed()
+    binding = check_report(path, report, config, allow_custom_model)
     view = report.view
     if view is None or view.layout is None:
         raise LoadError(f"{path}: the preflight report holds no parsed checkpoint to load")
     options = RuntimeOptions.from_config(config)
-    result = LoadedCheckpoint(state_dict={}, shards=len(view.headers))
+    _check_json_files(binding)
+    mappings = _map_all(view, binding, policy)
+    result = LoadedCheckpoint(state_dict={}, shards=len(view.headers), policy=policy)
+    if policy.private:
+        result.private_bytes = sum(len(mapping) for mapping in mappings.values())
+    if policy.verify_digests:
+        started = time.perf_counter()
+        try:
+            result.verified_bytes = verify_loaded(view, mappings)
+        except BaseException:
+            for mapping in mappings.values():
+                mapping.close()
+            raise
+        result.verify_s = time.perf_counter() - started
     stored: dict[str, torch.Tensor] = {}
-    mappings = {shard: map_shard(shard, header) for shard, header in sorted(view.headers.items())}
     for name in fmt.expected_namespace(view.layout):
         shard = view.weight_map[name]
         info = view.headers[shard].tensors[name]
@@ -373,10 +569,11 @@ def load_state_dict(
     *,
     report: PreflightReport | None = None,
     allow_custom_model: bool | None = None,
+    policy: LoadPolicy | None = None,
 ) -> dict[str, torch.Tensor]:
     """The state dict NxDI's ``checkpoint_loader_fn`` would return for this checkpoint and
     config (without a speculation prefix); see ``load_checkpoint`` for the arguments."""
-    return load_checkpoint(path, config, report=report, allow_custom_model=allow_custom_model).state_dict
+    return load_checkpoint(path, config, report=report, allow_custom_model=allow_custom_model, policy=policy).state_dict
 
 
 def describe_load(path: str | os.PathLike[str], config: Any = None) -> str:

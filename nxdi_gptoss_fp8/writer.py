@@ -11,7 +11,6 @@ An interrupted write therefore never leaves a directory that passes the prefligh
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -19,13 +18,13 @@ import shutil
 import struct
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from . import format as fmt
 from .errors import ConversionError
 from .files import open_regular
+from .hashing import hash_files
 
 DEFAULT_MAX_SHARD_SIZE = 5_000_000_000
 _ALIGNMENT = 8
@@ -130,31 +129,6 @@ def as_bytes(data: Any) -> memoryview:
         flat = data.detach().contiguous().reshape(-1)
         return memoryview(flat.view(torch.uint8).numpy()).cast("B")
     return memoryview(data).cast("B")
-
-
-def sha256_file(path: str, *, chunk: int = 1 << 24) -> str:
-    """Hex SHA-256 of a file, read through one reused buffer (memory stays at ``chunk``)."""
-    digest = hashlib.sha256()
-    buffer = bytearray(chunk)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
-        while count := handle.readinto(buffer):
-            digest.update(view[:count])
-    return digest.hexdigest()
-
-
-def hash_files(paths: Mapping[str, str], *, workers: int = 2,
-               progress: Callable[[int], None] | None = None) -> dict[str, str]:
-    """SHA-256 of several files in parallel threads (hashlib releases the GIL)."""
-    def run(item: tuple[str, str]) -> tuple[str, str]:
-        name, path = item
-        digest = sha256_file(path)
-        if progress:
-            progress(os.path.getsize(path))
-        return name, digest
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return dict(pool.map(run, paths.items()))
 
 
 def prepare_output(out: str, *, overwrite: bool) -> None:
