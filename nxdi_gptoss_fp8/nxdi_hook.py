@@ -6,14 +6,16 @@ class object; what vllm-neuron looks up) and NxDI's ``inference_demo`` (given a 
 entry when it is loaded). Each wrapped method decides the mode at call time, as NxDI does:
 
 * normalized mode → our path: preflight with NxDI's config (every finding raised, never a
-  fallback), then the zero-copy loader (``loader.load_checkpoint``);
+  fallback), then the zero-copy loader (``loader.load_checkpoint``) given that report and the
+  same config object, so the report's binding matches;
 * any other value → the original NxDI method, called with the same arguments; its result is
   returned untouched;
 * a misspelling of ``normalized_fp8`` or two contradicting opt-ins → ``CheckpointFormatError``.
 
 The opt-in can also live in NxDI's config: ``neuron_config.checkpoint_format =
 "normalized_fp8"``. NxDI's ``NeuronConfig.__init__`` drops unknown keyword arguments with only a
-warning, so ``GptOssNeuronConfig.__init__`` is wrapped to keep that one keyword as an attribute:
+warning, so ``GptOssNeuronConfig.__init__`` is wrapped to keep that keyword, and the two load-time
+choices (``normalized_fp8_verify_at_load``, ``normalized_fp8_load_mode``), as attributes:
 NxDI serializes attributes into ``neuron_config.json`` and re-creates the config through the
 same ``__init__`` when compiled artifacts are loaded, so the opt-in survives the round trip.
 
@@ -35,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import format as fmt
 from .checks import allow_custom_from_env, preflight
 from .errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError
 from .findings import PreflightReport
@@ -44,6 +47,9 @@ logger = logging.getLogger(__name__)
 NORMALIZED_FP8 = "normalized_fp8"
 ENV_VAR = "CHECKPOINT_FORMAT"
 CONFIG_ATTR = "checkpoint_format"
+# the NeuronConfig keywords NxDI would drop and the hook keeps as attributes (the opt-in and the
+# load-time choices), so they survive NxDI's config JSON round trip
+KEPT_ATTRS = (CONFIG_ATTR, fmt.VERIFY_AT_LOAD_ATTR, fmt.LOAD_MODE_ATTR)
 NXDI_PACKAGE = "neuronx_distributed_inference"
 MODELING_MODULE = f"{NXDI_PACKAGE}.models.gpt_oss.modeling_gpt_oss"
 CONSTANTS_MODULE = f"{NXDI_PACKAGE}.utils.constants"
@@ -273,10 +279,10 @@ def _wrap_generate_quantized(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_neuron_config_init(func: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        value = kwargs.pop(CONFIG_ATTR, _MISSING)
+        ours = {name: kwargs.pop(name) for name in KEPT_ATTRS if name in kwargs}
         func(self, *args, **kwargs)
-        if value is not _MISSING:
-            setattr(self, CONFIG_ATTR, value)
+        for name, value in ours.items():
+            setattr(self, name, value)
 
     return __init__
 
@@ -468,6 +474,7 @@ def run_inference_demo(argv: Sequence[str]) -> int:
 __all__ = [
     "CONFIG_ATTR",
     "ENV_VAR",
+    "KEPT_ATTRS",
     "NORMALIZED_FP8",
     "checked_preflight",
     "is_near_miss",

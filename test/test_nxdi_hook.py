@@ -27,7 +27,7 @@ import nxdi_standin
 
 from nxdi_gptoss_fp8 import cli, nxdi_hook, vllm_plugin
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError
+from nxdi_gptoss_fp8.errors import CheckpointFormatError, IntegrityError, LoadError, PreflightError, RegistrationError
 from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, make_source, write_legacy_fp8
 
 REPO = Path(__file__).resolve().parent.parent
@@ -590,6 +590,56 @@ def test_config_opt_in_survives_the_json_round_trip(nxdi: SimpleNamespace, tiny_
     assert not hasattr(modeling.GptOssNeuronConfig(tp_degree=2), "checkpoint_format")  # absent stays absent
 
 
+@pytest.mark.parametrize(("attr", "value"), [(fmt.VERIFY_AT_LOAD_ATTR, True), (fmt.LOAD_MODE_ATTR, fmt.LOAD_MODE_PRIVATE)])
+def test_load_choices_survive_the_json_round_trip(nxdi: SimpleNamespace, tiny_template: Path, attr: str, value: Any) -> None:
+    from nxdi_gptoss_fp8.loader import LoadPolicy
+
+    nxdi_hook.register()
+    config = make_config(nxdi, tiny_template, checkpoint_format="normalized_fp8", **{attr: value})
+    reloaded = nxdi.modeling_gpt_oss.GptOssInferenceConfig.from_json_string(config.to_json_string())
+    assert getattr(reloaded.neuron_config, attr) == value
+    assert LoadPolicy.resolve(reloaded, {}) == LoadPolicy.resolve(config, {}) != LoadPolicy()
+    assert not hasattr(nxdi.modeling_gpt_oss.GptOssNeuronConfig(tp_degree=2), attr)
+
+
+@pytest.mark.parametrize("mode", fmt.LOAD_MODES)
+def test_hook_verifies_at_load_when_the_neuron_config_asks(nxdi: SimpleNamespace, tiny_checkpoint: Path, mode: str) -> None:
+    """The preflight passes (an FP8 byte changed in range), the digest at load does not."""
+    nxdi_hook.register()
+    expected = app_state_dict(nxdi, tiny_checkpoint, checkpoint_format="normalized_fp8", normalized_fp8_verify_at_load=True,
+                              normalized_fp8_load_mode=mode)
+    assert f"layers.0.{fmt.GATE_UP}.weight" in expected
+    path = tiny_checkpoint / ckpt_edit.shard_of(tiny_checkpoint, ckpt_edit.GATE_UP_WEIGHT)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert app_state_dict(nxdi, tiny_checkpoint, checkpoint_format="normalized_fp8", normalized_fp8_load_mode=mode)
+    with pytest.raises(IntegrityError, match="the loaded bytes have SHA-256"):
+        app_state_dict(nxdi, tiny_checkpoint, checkpoint_format="normalized_fp8", normalized_fp8_verify_at_load=True,
+                       normalized_fp8_load_mode=mode)
+
+
+def test_hook_binds_the_report_to_the_config_it_loads_with(nxdi: SimpleNamespace, tiny_template: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook's preflight and load see one config object: the binding matches; a config that
+    changes in between (here: under the hook's feet) is refused."""
+    from nxdi_gptoss_fp8 import loader
+    from nxdi_gptoss_fp8.errors import ReportBindingError
+
+    nxdi_hook.register()
+    checked_preflight = nxdi_hook.checked_preflight
+
+    def then_change(path: str, config: Any) -> Any:
+        report = checked_preflight(path, config)
+        config.neuron_config.tp_degree = 2
+        return report
+
+    monkeypatch.setattr(nxdi_hook, "checked_preflight", then_change)
+    monkeypatch.setattr(loader, "map_shard", lambda *a, **k: pytest.fail("mapped for a report of another config"))
+    with pytest.raises(ReportBindingError, match="a different NxDI config"):
+        app_state_dict(nxdi, tiny_template, checkpoint_format="normalized_fp8")
+
+
 # --------------------------------------------------------------------------- entry points
 
 
@@ -628,6 +678,63 @@ def test_vllm_plugin_is_quiet_without_nxdi(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: False)
     vllm_plugin.register_plugin()
     assert not nxdi_hook.is_registered()
+
+
+def _nxdi_differs() -> None:
+    raise RegistrationError("the installed NxDI differs from what the hook wraps; nothing was patched:\n  - X.y does not exist")
+
+
+def _nxdi_breaks_on_import() -> None:
+    raise ImportError("libnrt.so.1: cannot open shared object file")
+
+
+NOT_ASKING = [None, "hf", "legacy", "HF", ""]
+ASKING = ["normalized_fp8", " Normalized_FP8 ", "normalized-fp8", "fp8"]
+
+
+@pytest.mark.parametrize("failure", [_nxdi_differs, _nxdi_breaks_on_import])
+@pytest.mark.parametrize("value", NOT_ASKING)
+def test_vllm_plugin_failure_is_one_warning_when_not_asked_for(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, failure: Callable[[], None], value: str | None,
+) -> None:
+    """A vLLM server that never asked for the normalized format keeps running."""
+    _set_format(monkeypatch, value)
+    monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: True)
+    monkeypatch.setattr(nxdi_hook, "register", failure)
+    with caplog.at_level(logging.DEBUG, logger="nxdi_gptoss_fp8"):
+        vllm_plugin.register_plugin()
+    (record,) = [r for r in caplog.records if r.name.startswith("nxdi_gptoss_fp8")]
+    message = record.getMessage()
+    assert record.levelno == logging.WARNING and "\n" not in message
+    assert "not installed" in message and "does not ask for it" in message
+
+
+@pytest.mark.parametrize("failure", [_nxdi_differs, _nxdi_breaks_on_import, None])
+@pytest.mark.parametrize("value", ASKING)
+def test_vllm_plugin_failure_raises_with_the_reason_when_asked_for(
+    monkeypatch: pytest.MonkeyPatch, failure: Callable[[], None] | None, value: str,
+) -> None:
+    """``failure`` None: NxDI is not installed at all (the real ``register`` says so)."""
+    _set_format(monkeypatch, value)
+    if failure is None:
+        monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: False)
+        monkeypatch.setattr(nxdi_hook, "MODELING_MODULE", "nxdi_gptoss_fp8_no_such_module.modeling")
+        reason = "cannot import"
+    else:
+        monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: True)
+        monkeypatch.setattr(nxdi_hook, "register", failure)
+        reason = "differs" if failure is _nxdi_differs else "libnrt"
+    with pytest.raises(RegistrationError) as caught:
+        vllm_plugin.register_plugin()
+    message = str(caught.value)
+    assert nxdi_hook.ENV_VAR in message and repr(value) in message and reason in message and "\n" not in message
+
+
+def _set_format(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
+    if value is None:
+        monkeypatch.delenv(nxdi_hook.ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(nxdi_hook.ENV_VAR, value)
 
 
 def test_setup_declares_the_vllm_entry_point() -> None:
