@@ -20,7 +20,7 @@ from . import format as fmt
 from .checks import allow_custom_from_env, preflight
 from .errors import NxdiGptossFp8Error
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 TEXT_FINDINGS_LIMIT = 50
 
 
@@ -57,7 +57,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         print(report.to_json())
     else:
         print(report.render_text(limit=None if args.all else TEXT_FINDINGS_LIMIT))
-    return EXIT_OK if report.ok else EXIT_FINDINGS
+    if not report.clean:
+        return EXIT_FINDINGS
+    return EXIT_OK if report.complete else EXIT_PARTIAL
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -187,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
             "AWS NeuronX Distributed Inference. Validation reads headers only and needs no "
             "Neuron SDK: run it on any host before you load."
         ),
-        epilog="Exit codes: 0 valid/success, 1 findings or failed check, 2 usage error or unreadable input.",
+        epilog=("Exit codes: 0 valid/success, 1 findings or failed check, 2 usage error or unreadable input, "
+                "3 partial verdict (validate --headers-only: no errors in what was checked, not everything checked)."),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -210,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--allow-custom-model", action="store_true",
                           help=f"accept model_profile 'custom' (tiny test models); also {fmt.ALLOW_CUSTOM_ENV}=1")
     validate.add_argument("--headers-only", action="store_true",
-                          help="read no tensor data at all: skip the scale-value check (a partial, faster verdict)")
+                          help="read no tensor data at all: skip the scale-value check. A partial verdict, never "
+                               "VALID: PARTIAL and exit 3 when what was checked is clean (JSON: ok false, "
+                               "complete false, not_checked)")
     validate.add_argument("--deep", action="store_true",
                           help="also read every FP8 expert byte once: values beyond ±240 or NaN, non-zero "
                                "padding, all-zero experts (reads the whole checkpoint; progress on a terminal)")

@@ -65,7 +65,8 @@ def test_preflight_reads_no_weight_bytes(tiny_checkpoint: Path) -> None:
     json_files = os.path.getsize(tiny_checkpoint / fmt.INDEX_FILE) + os.path.getsize(tiny_checkpoint / fmt.CONFIG_FILE)
     assert report.bytes_read == headers + scales + json_files
     headers_only = preflight(tiny_checkpoint, allow_custom_model=True, read_scales=False)
-    assert headers_only.ok and headers_only.bytes_read == headers + json_files
+    assert headers_only.clean and not headers_only.complete and not headers_only.ok  # partial: never ok
+    assert headers_only.not_checked == ["scale values"] and headers_only.bytes_read == headers + json_files
     assert headers_only.codes() == ["values.not_checked"]
 
 

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from ckpt_edit import edit_config
+import torch
+from ckpt_edit import (
+    DOWN_SCALE,
+    GATE_UP_SCALE,
+    edit_config,
+    load_shard,
+    remove_tensor,
+    replace_tensor,
+    shard_of,
+)
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
@@ -43,12 +54,41 @@ def test_validate_json(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]
     code, out, _ = run(["validate", str(tiny_checkpoint), "--json", "--allow-custom-model"], capsys)
     document = json.loads(out)
     assert code == 1 and document["ok"] is False
-    assert set(document) == {"ok", "path", "summary", "findings"}
+    assert set(document) == {"ok", "complete", "not_checked", "path", "summary", "findings"}
+    assert document["complete"] is True and document["not_checked"] == []
     assert {"errors", "warnings", "bytes_read", "elapsed_s", "shards", "tensors"} <= set(document["summary"])
     assert document["findings"][0] == {
         "check": "config", "code": "config.wrong_model_type", "severity": "error",
         "message": "model_type is 'llama', expected 'gpt_oss'", "file": "config.json", "key": "model_type",
     }
+
+
+def _nan_scale(ckpt: Path) -> None:
+    replace_tensor(ckpt, GATE_UP_SCALE, torch.full_like(load_shard(ckpt, shard_of(ckpt, GATE_UP_SCALE))[GATE_UP_SCALE], math.nan))
+
+
+@pytest.mark.parametrize(("break_it", "clean"), [(None, True), (_nan_scale, True), (lambda c: remove_tensor(c, DOWN_SCALE), False)],
+                         ids=["valid", "nan-scale", "missing-scale"])
+def test_headers_only_is_a_partial_verdict_never_valid(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str],
+                                                        break_it: Callable[[Path], None] | None, clean: bool) -> None:
+    """A NaN scale is invisible to the headers: the verdict says PARTIAL, what was not checked, exit 3."""
+    if break_it:
+        break_it(tiny_checkpoint)
+    args = ["validate", str(tiny_checkpoint), "--allow-custom-model", "--headers-only"]
+    code, out, _ = run(args, capsys)
+    verdict = out.strip().splitlines()[-1]
+    assert "VALID" not in verdict.replace("INVALID", "")
+    if clean:
+        assert code == 3 and verdict.startswith("PARTIAL (headers only): no errors in what was checked; not checked: scale values;")
+    else:
+        assert code == 1 and verdict.startswith("INVALID")
+    code, out, _ = run([*args, "--json"], capsys)
+    document = json.loads(out)
+    assert document["ok"] is False and document["complete"] is False and document["not_checked"] == ["scale values"]
+    assert code == (3 if clean else 1)
+    if break_it is _nan_scale:  # the full run finds it
+        code, out, _ = run(args[:-1], capsys)
+        assert code == 1 and "values." in out
 
 
 @pytest.mark.parametrize("nested", [True, False])
