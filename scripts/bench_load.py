@@ -10,6 +10,10 @@ the page cache warm:
   (c) load_file     safetensors.torch.load_file of every normalized shard: the floor
   (d) ours          our normalized get_state_dict, preflight included (through NxDI's
                     checkpoint_loader_fn with the hook registered when NxDI is there)
+  (e) ours-verify   (d) with NXDI_GPTOSS_FP8_VERIFY_AT_LOAD=1: shard_sha256 checked over the
+                    mapped bytes at load
+  (f) ours-private  (d) with NXDI_GPTOSS_FP8_LOAD_MODE=private: shards read into anonymous
+                    memory instead of mapped
 
 and prints wall time, peak RSS, growth of anonymous RSS, and the time to read every tensor once.
 Then it loads the sparse full-size gpt-oss-120b checkpoint (real headers and scales, data
@@ -26,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,7 +48,7 @@ from nxdi_gptoss_fp8 import format as fmt  # noqa: E402
 
 GIB = 1 << 30
 REPEAT = 7  # loads under a second are timed this many times (median); memory is from the first
-CASES = ("nxdi-hf", "nxdi-legacy", "load_file", "ours")
+CASES = ("nxdi-hf", "nxdi-legacy", "load_file", "ours", "ours-verify", "ours-private")
 NEEDS_NXDI = ("nxdi-hf", "nxdi-legacy")
 FP8_CONFIG: dict[str, Any] = {
     "quantized": True, "quantization_type": fmt.QUANTIZATION_TYPE, "quantization_dtype": fmt.QUANTIZATION_DTYPE,
@@ -138,6 +143,10 @@ def run_child(case: str, path: str, layers: int, extra: dict[str, Any], *, read:
     else:
         os.environ["CHECKPOINT_FORMAT"] = "normalized_fp8"
         os.environ[fmt.ALLOW_CUSTOM_ENV] = "1"
+        if case == "ours-verify":
+            os.environ[fmt.VERIFY_AT_LOAD_ENV] = "1"
+        elif case == "ours-private":
+            os.environ[fmt.LOAD_MODE_ENV] = fmt.LOAD_MODE_PRIVATE
         from nxdi_gptoss_fp8 import nxdi_hook
 
         kwargs = _fp8_kwargs(path, layers, extra)
@@ -181,7 +190,7 @@ def run_child(case: str, path: str, layers: int, extra: dict[str, Any], *, read:
         del state_dict
     load_s = statistics.median(times)
     read_s = statistics.median(reads) if reads else float("nan")
-    if case == "ours":
+    if case.startswith("ours"):
         preflight_s = statistics.median(timings) if timings else None
     return {
         "case": case, "via": via, "load_s": load_s, "runs": len(times), "read_s": read_s, "tensors": tensors,
@@ -213,7 +222,7 @@ def build_normalized(out: str, dims: fmt.ModelDims, seed: int = 0) -> str:
 
     layout = fmt.Layout.unpadded(dims)
     g = torch.Generator().manual_seed(seed)
-    with CheckpointWriter(out, layout, fmt.PROFILE_CUSTOM, fmt.hf_config(dims), record_sha256=False) as writer:
+    with CheckpointWriter(out, layout, fmt.PROFILE_CUSTOM, fmt.hf_config(dims), record_sha256=True) as writer:
         for name, planned in writer.planned.items():
             spec = planned.spec
             for start, end in _chunks(spec.numel):
@@ -226,6 +235,11 @@ def build_normalized(out: str, dims: fmt.ModelDims, seed: int = 0) -> str:
                     data = (0.02 * torch.randn(n, generator=g)).to(torch.bfloat16)
                 writer.put(name, data, offset=start * fmt.DTYPE_BITS[spec.dtype] // 8)
         return writer.commit()
+
+
+def _has_digests(path: str) -> bool:
+    with open(os.path.join(path, fmt.INDEX_FILE)) as handle:
+        return "shard_sha256" in json.load(handle).get("metadata", {})
 
 
 def _warm(path: str) -> None:
@@ -272,6 +286,8 @@ def main() -> int:
     paths = {kind: os.path.join(args.workdir, f"{kind}-{tag}") for kind in ("normalized", "legacy", "hf")}
     os.makedirs(args.workdir, exist_ok=True)
     started = time.perf_counter()
+    if os.path.isdir(paths["normalized"]) and not _has_digests(paths["normalized"]):
+        shutil.rmtree(paths["normalized"])  # built by an older version without shard_sha256: (e) needs them
     if not os.path.isdir(paths["normalized"]):
         build_normalized(paths["normalized"], dims)
     if have_nxdi:
@@ -295,7 +311,9 @@ def main() -> int:
     for case, path, label in (("nxdi-hf", paths["hf"], "(a) NxDI HF path (MXFP4→BF16)"),
                               ("nxdi-legacy", paths["legacy"], "(b) NxDI legacy path, FP8 ckpt"),
                               ("load_file", paths["normalized"], "(c) load_file of normalized shards"),
-                              ("ours", paths["normalized"], "(d) ours: preflight + zero-copy")):
+                              ("ours", paths["normalized"], "(d) ours: preflight + zero-copy"),
+                              ("ours-verify", paths["normalized"], "(e) (d) + verify sha256 at load"),
+                              ("ours-private", paths["normalized"], "(f) (d) in private memory")):
         if case in NEEDS_NXDI and not have_nxdi:
             print(f"{label}: skipped (set NXDI_SRC to an NxDI source checkout, or install NxDI)")
             continue
@@ -317,6 +335,10 @@ def main() -> int:
     budget = (ours["preflight_s"] or 0.0) + 1.2 * by["load_file"]["load_s"]
     checks.append(("(d) ≤ preflight + 1.2 × (c)", ours["load_s"] / budget, None, " of budget"))
     checks.append(("reading (d) vs reading (c)", ours["read_s"] / by["load_file"]["read_s"], None, "× (c)'s time"))
+    for case, label in (("ours-verify", "(e) verify at load"), ("ours-private", "(f) private memory")):
+        row = by[case]
+        print(f"  {label:<34} +{row['load_s'] - ours['load_s']:.3f} s over (d), anonymous growth "
+              f"{row['anon_growth'] / GIB:.3f} GiB, peak RSS growth {row['peak_rss_growth'] / GIB:.3f} GiB")
     for label, value, floor, unit in checks:
         if floor is not None:
             verdict = "met" if value >= floor else "MISSED"
