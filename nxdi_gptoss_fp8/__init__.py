@@ -17,6 +17,7 @@ from .errors import (
     NxdiGptossFp8Error,
     PreflightError,
     RegistrationError,
+    ReportBindingError,
 )
 from .findings import CHECKS, Finding, PreflightReport, Severity
 from .format import FORMAT_NAME, FORMAT_VERSION
@@ -36,6 +37,7 @@ __all__ = [
     "PreflightError",
     "PreflightReport",
     "RegistrationError",
+    "ReportBindingError",
     "Severity",
     "__version__",
     "preflight",
