@@ -44,6 +44,7 @@ class Binding:
 
     root: str  # the checked directory, resolved (realpath)
     headers_only: bool  # the scale values were not read: a partial verdict
+    errors: int  # error findings when the run ended (the report's findings list stays mutable)
     allow_custom_model: bool
     deep: bool
     verify_checksums: bool
@@ -68,14 +69,14 @@ class CheckedCheckpoint:
             raise TypeError("a CheckedCheckpoint is made only by preflight(); run the preflight instead of building one")
 
 
-def seal(view: CheckpointView, *, root: str, headers_only: bool, allow_custom_model: bool, deep: bool,
+def seal(view: CheckpointView, *, root: str, headers_only: bool, errors: int, allow_custom_model: bool, deep: bool,
          verify_checksums: bool, config: object, json_files: Mapping[str, tuple[FileIdentity, str]]) -> CheckedCheckpoint:
-    """Bind ``view`` to its run: the resolved ``root``, the options, the ``config`` given (the
-    object ``config_fingerprint`` hashes) and the identity of every file that was read."""
+    """Bind ``view`` to its run: the resolved ``root``, the options, the error count, the
+    ``config`` given (the object ``config_fingerprint`` hashes) and the identity of every file read."""
     files = [BoundFile(name, identity, digest) for name, (identity, digest) in json_files.items()]
     files += [BoundFile(name, header.identity, header.header_sha256) for name, header in view.headers.items()]
     binding = Binding(
-        root=root, headers_only=headers_only, allow_custom_model=allow_custom_model, deep=deep,
+        root=root, headers_only=headers_only, errors=errors, allow_custom_model=allow_custom_model, deep=deep,
         verify_checksums=verify_checksums, config_fingerprint=config_fingerprint(config),
         files=tuple(sorted(files, key=lambda bound: bound.name)),
     )

@@ -140,7 +140,8 @@ def preflight(
     report.shards = len(view.headers)
     report.tensors = len(view.locations)
     report.checked = seal(
-        view, root=os.path.realpath(root), headers_only=not read_scales, allow_custom_model=allow_custom_model,
+        view, root=os.path.realpath(root), headers_only=not read_scales, errors=len(report.errors),
+        allow_custom_model=allow_custom_model,
         deep=deep, verify_checksums=verify_checksums, config=bound_config(neuron_config, inference_config),
         json_files=view.json_files,
     )

@@ -430,11 +430,12 @@ def check_report(path: str | os.PathLike[str], report: PreflightReport, config: 
     if binding.headers_only:
         raise ReportBindingError(f"the report for {root} is headers-only (scale values not checked): run the full "
                                  "preflight (read_scales=True) before loading (nothing was mapped)")
-    if not report.ok:
+    if binding.errors or not report.ok:
         first = report.errors[0] if report.errors else None
-        what = f"{first.code} in {first.file or root}" if first else ", ".join(report.not_checked) + " not checked"
-        raise FailedReportError(report, f"the report for {root} has {len(report.errors)} errors (first: {what}): fix "
-                                        "them (validate lists every finding), then load again (nothing was mapped)")
+        what = f"first: {first.code} in {first.file or root}" if first else "findings removed from the report since"
+        raise FailedReportError(report, f"the report for {root} has {max(binding.errors, len(report.errors))} errors "
+                                        f"({what}): fix them (validate lists every finding), then load again "
+                                        "(nothing was mapped)")
     fingerprint = config_fingerprint(config)
     if fingerprint != binding.config_fingerprint:
         given = "no NxDI config" if config is None else "a different NxDI config"

@@ -333,6 +333,13 @@ def _with_errors(ckpt: Path) -> tuple[dict, dict]:
     return {"report": preflight(ckpt, allow_custom_model=True)}, {}
 
 
+def _errors_removed_from_the_report(ckpt: Path) -> tuple[dict, dict]:
+    ckpt_edit.remove_tensor(ckpt, ckpt_edit.DOWN_SCALE)
+    report = preflight(ckpt, allow_custom_model=True)
+    report.findings.clear()  # the verdict was sealed when the run ended
+    return {"report": report}, {}
+
+
 def _no_config_at_preflight(ckpt: Path) -> tuple[dict, dict]:
     return {"report": preflight(ckpt, allow_custom_model=True)}, {"config": options_config({})}
 
@@ -364,6 +371,7 @@ BINDING_CASES = {
     "another-directory": (_other_directory, "not"),
     "headers-only": (_headers_only, "headers-only"),
     "with-errors": (_with_errors, "errors (first: "),
+    "errors-removed": (_errors_removed_from_the_report, "findings removed from the report since"),
     "no-config-at-preflight": (_no_config_at_preflight, "made with no NxDI config"),
     "no-config-at-load": (_config_at_preflight_none_at_load, "this load has no NxDI config"),
     "different-config": (_different_config, "a different NxDI config"),
