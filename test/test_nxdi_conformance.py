@@ -177,6 +177,8 @@ def test_legacy_path_is_untouched_by_the_hook(modeling: ModuleType, tiny_templat
 NORMALIZED_VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     **{name: (kwargs, "tiny_template") for name, kwargs in VARIANTS.items()},
     "padded-96-128": ({"padded_hidden_size": 96, "padded_intermediate_size": 128}, "tiny_padded_template"),
+    # the load-time choices change where the bytes live, never what they are
+    "private-memory-verified": ({fmt.LOAD_MODE_ATTR: fmt.LOAD_MODE_PRIVATE, fmt.VERIFY_AT_LOAD_ATTR: True}, "tiny_template"),
 }
 
 
@@ -225,6 +227,19 @@ def test_config_opt_in_survives_nxdi_json_round_trip(modeling: ModuleType, tiny_
         reloaded = modeling.GptOssInferenceConfig.from_json_string(config.to_json_string())
         assert reloaded.neuron_config.checkpoint_format == "normalized_fp8"
         assert nxdi_hook.normalized_mode(reloaded, {}) is True
+
+
+@pytest.mark.parametrize(("attr", "value"), [(fmt.VERIFY_AT_LOAD_ATTR, True), (fmt.LOAD_MODE_ATTR, fmt.LOAD_MODE_PRIVATE)])
+def test_load_choices_survive_nxdi_json_round_trip(modeling: ModuleType, tiny_template: Path, attr: str, value: Any) -> None:
+    from nxdi_gptoss_fp8.loader import LoadPolicy
+
+    with checkpoint_format(None, hooked=True):
+        neuron_config = modeling.GptOssNeuronConfig(logical_nc_config=1, **{attr: value})
+        config = modeling.GptOssInferenceConfig(neuron_config, load_config=lambda c: c.__dict__.update(
+            {k: v for k, v in json.loads((tiny_template / fmt.CONFIG_FILE).read_text()).items() if k != "torch_dtype"}))
+        reloaded = modeling.GptOssInferenceConfig.from_json_string(config.to_json_string())
+        assert getattr(reloaded.neuron_config, attr) == value
+        assert LoadPolicy.resolve(reloaded, {}) == LoadPolicy.resolve(config, {}) != LoadPolicy()
 
 
 def test_cli_inference_demo_accepts_gpt_oss_in_nxdi_demo(modeling: ModuleType, capsys: pytest.CaptureFixture) -> None:
