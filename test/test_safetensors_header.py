@@ -3,6 +3,7 @@ stable error code per rule on invalid ones, and properties over arbitrary bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from pathlib import Path
@@ -170,7 +171,7 @@ def test_property_valid_headers_round_trip(specs: dict[str, tuple[str, list[int]
     order = data.draw(st.permutations(sorted(specs)))
     blob, offsets = _serialize(specs, list(order))
     length = struct.unpack("<Q", blob[:8])[0]
-    header = parse_header_bytes(blob[8 : 8 + length], path="p", identity=FileIdentity(0, 0, len(blob), 0))
+    header = parse_header_bytes(blob[8 : 8 + length], path="p", identity=FileIdentity(0, 0, len(blob), 0, 0))
     assert {name: (info.begin, info.end) for name, info in header.tensors.items()} == offsets
     assert {name: (info.dtype, list(info.shape)) for name, info in header.tensors.items()} == specs
 
@@ -196,9 +197,24 @@ def test_property_mutated_headers_are_rejected_or_equivalent(specs: dict[str, tu
     flipped[position] ^= data.draw(st.integers(1, 255))
     raw = bytes(flipped[8 : 8 + length])
     try:
-        header = parse_header_bytes(raw, path="p", identity=FileIdentity(0, 0, len(blob), 0))
+        header = parse_header_bytes(raw, path="p", identity=FileIdentity(0, 0, len(blob), 0, 0))
     except HeaderError as exc:
         assert exc.code
         return
     covered = sorted((info.begin, info.end) for info in header.tensors.values())
     assert sum(end - begin for begin, end in covered) == len(blob) - 8 - length
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("device", 9, "the file was replaced"),
+    ("inode", 9, "the file was replaced"),
+    ("size", 50, "truncated"),
+    ("size", 200, "grown"),
+    ("mtime_ns", 9, "modification time changed"),
+    ("ctime_ns", 9, "change time changed"),
+])
+def test_file_identity_names_every_change(field: str, value: int, words: str) -> None:
+    before = FileIdentity(device=1, inode=2, size=100, mtime_ns=3, ctime_ns=4)
+    assert before.changes_since(before) == []
+    (change,) = dataclasses.replace(before, **{field: value}).changes_since(before)
+    assert words in change
