@@ -52,6 +52,7 @@ class FailedReportError(PreflightError, ReportBindingError):
     def __init__(self, report: PreflightReport, message: str) -> None:
         Exception.__init__(self, message)
         self.report = report
+        self.hint = None
 
 
 class ConversionError(NxdiGptossFp8Error):
