@@ -164,6 +164,38 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
 
+def _cmd_selfcheck(args: argparse.Namespace) -> int:
+    from .errors import CpuModelError
+    from .selfcheck import selfcheck, to_json
+
+    if args.tp < 1:
+        raise UsageError(f"--tp must be at least 1, not {args.tp}")
+    os.environ.setdefault("NXD_LOG_LEVEL", "warning")  # NxD's per-rank INFO lines would bury the report
+    try:
+        report = selfcheck(tp=args.tp)
+    except CpuModelError as exc:  # NxDI missing or its run failed: the check cannot run
+        raise UsageError(str(exc)) from None
+    print(to_json(report) if args.json else report.render_text())
+    return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
+def _cmd_check_forward(args: argparse.Namespace) -> int:
+    from .errors import ConversionError, CpuModelError
+    from .forward_check import check_forward
+
+    os.environ.setdefault("NXD_LOG_LEVEL", "warning")  # NxD's per-rank INFO lines would bury the report
+    try:
+        report = check_forward(
+            args.path, args.source, layers=args.layers, tokens=args.tokens, steps=args.steps,
+            neuron_config=_load_neuron_config(args.neuron_config),
+            allow_custom_model=args.allow_custom_model,
+        )
+    except (CpuModelError, ConversionError, ValueError) as exc:  # cannot run, or unusable inputs
+        raise UsageError(str(exc)) from None
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
+    return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
 def _size(text: str) -> int:
     from .writer import parse_size
 
@@ -310,6 +342,38 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "OUT records, else main)")
     verify_conversion.add_argument("--json", action="store_true", help="print the report as JSON")
     verify_conversion.set_defaults(handler=_cmd_verify_conversion)
+
+    selfcheck = commands.add_parser(
+        "selfcheck", help="run NxDI's real GPT-OSS on the CPU from a tiny checkpoint three ways and compare (needs NxDI)",
+        description="Write one tiny GPT-OSS weight set as HF MXFP4, normalized FP8 and NxDI's legacy FP8, run NxDI's "
+                    "model in its CPU mode from each (normalized through this package's hook) and transformers' "
+                    "GptOssForCausalLM on the same weights: normalized vs legacy must be bit-identical, each within "
+                    "1e-5 of transformers. Exit 0 pass, 1 mismatch, 2 cannot run (NxDI missing).",
+    )
+    selfcheck.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree; N > 1 runs N torchrun workers (gloo)")
+    selfcheck.add_argument("--json", action="store_true", help="print the report as JSON")
+    selfcheck.set_defaults(handler=_cmd_selfcheck)
+
+    check_forward = commands.add_parser(
+        "check-forward", help="run the first K layers of a checkpoint through NxDI's model on the CPU against its source (needs NxDI)",
+        description="Preflight CKPT, then run its first K layers through the hook in NxDI's real GPT-OSS model (CPU "
+                    "mode) and the same K layers of the published source (HF MXFP4 decoded exactly, or BF16) in "
+                    "transformers on a fixed token sequence; report per position max |Δlogit|, cosine, top-1 "
+                    "agreement and KL. An MXFP4 source must agree to float32 rounding, a BF16 source within FP8 "
+                    "quantization error. Exit 1 on a preflight failure or a violated bound.",
+    )
+    check_forward.add_argument("path", metavar="CKPT", help="the normalized checkpoint directory")
+    check_forward.add_argument("--source", required=True, metavar="HF_DIR", help="the HF checkpoint it was made from")
+    check_forward.add_argument("--layers", type=int, default=2, metavar="K", help="decoder layers to run (default 2)")
+    check_forward.add_argument("--tokens", type=int, default=12, metavar="N", help="length of the token sequence (default 12)")
+    check_forward.add_argument("--steps", type=int, default=6, metavar="S", help="teacher-forced token steps after the context pass (default 6)")
+    check_forward.add_argument("--neuron-config", metavar="FILE.json",
+                               help="NxDI NeuronConfig attributes as JSON (fused_qkv, lm_head padding, ...); the "
+                                    "settings CPU mode needs replace the device ones and are listed")
+    check_forward.add_argument("--allow-custom-model", action="store_true",
+                               help=f"accept model_profile 'custom' (tiny test models); also {fmt.ALLOW_CUSTOM_ENV}=1")
+    check_forward.add_argument("--json", action="store_true", help="print the report as JSON")
+    check_forward.set_defaults(handler=_cmd_check_forward)
     return parser
 
 

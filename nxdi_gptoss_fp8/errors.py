@@ -65,3 +65,7 @@ class NotRegularFileError(NxdiGptossFp8Error, OSError):
 
 class RegistrationError(NxdiGptossFp8Error):
     """The installed NxDI does not have what the hook wraps; nothing was patched."""
+
+
+class CpuModelError(NxdiGptossFp8Error):
+    """NxDI's model cannot run on the CPU here: NxDI is not importable, or its run failed."""

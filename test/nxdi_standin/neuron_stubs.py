@@ -59,6 +59,9 @@ class _Dummy(metaclass=_DummyMeta):
     def __iter__(self) -> Iterator[Any]:
         return iter(())
 
+    def __getitem__(self, item: Any) -> Any:
+        return _Dummy()
+
     def __bool__(self) -> bool:
         return False
 
@@ -77,8 +80,11 @@ class _StubModule(types.ModuleType):
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, roots: tuple[str, ...] = STUBBED) -> None:
+        self.roots = roots
+
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname.split(".")[0] in STUBBED:
+        if fullname.split(".")[0] in self.roots:
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
