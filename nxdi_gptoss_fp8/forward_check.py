@@ -86,7 +86,8 @@ class ForwardCheckReport:
                      f"{s['top1_agreement']:.0%}, KL {s['max_kl']:.3e} (bound: {limit})")
         timing = ", ".join(f"{key} {value:.1f} s" for key, value in self.timings.items())
         lines.append(f"  time: {timing}")
-        verdict = ("PASS: NxDI's model computes from this checkpoint what the source computes"
+        agrees = ("to float32 rounding" if self.bound.kind == EXACT else "within FP8 quantization error")
+        verdict = (f"PASS: NxDI's model computes from this checkpoint what the source computes, {agrees}"
                    if self.ok else f"FAIL: {s['violations']} of {s['positions']} positions exceed the bound")
         lines.append(f"check-forward: {verdict}")
         return "\n".join(lines)
@@ -167,7 +168,14 @@ def check_forward(
             assert layout is not None, "a clean preflight report holds the checkpoint's layout"
             window = write_window(ckpt, os.path.join(work, "window"), layout, layers, allow_custom_model=allow_custom_model)
             report.timings["window"] = time.perf_counter() - mark
-        spec = cpu_model.RunSpec(window, cpu_model.ROUTE_NORMALIZED, dict(neuron_config or {}),
+        settings = dict(neuron_config or {})
+        layout = report.preflight.view.layout if report.preflight.view is not None else None
+        if layout is not None:  # a padded checkpoint runs only with its padding (set unless given)
+            for key, size, base in (("padded_hidden_size", layout.padded_hidden_size, dims.hidden_size),
+                                    ("padded_intermediate_size", layout.padded_intermediate_size, dims.intermediate_size)):
+                if size != base:
+                    settings.setdefault(key, size)
+        spec = cpu_model.RunSpec(window, cpu_model.ROUTE_NORMALIZED, settings,
                                  allow_custom_model=allow_custom_model or window != ckpt)
         _, report.neuron_config_changed = cpu_model.neuron_settings(spec, plan, 1, layers)
         mark = time.perf_counter()
