@@ -20,6 +20,8 @@ setup(
         "neuron": ["neuronx-distributed", "torch-neuronx"],
         # converting from a Hub repo id (`convert openai/gpt-oss-120b OUT`)
         "hub": ["huggingface_hub>=0.20"],
+        # selfcheck / check-forward: transformers' GptOssForCausalLM is the reference model
+        "forward": ["torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60", "transformers>=4.55"],
         "test": [
             "torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60",
             "pytest>=7.4", "hypothesis>=6.80", "ruff>=0.4", "huggingface_hub>=0.20",
