@@ -31,7 +31,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from . import format as fmt
 from .errors import CpuModelError
@@ -43,19 +43,8 @@ MODELING = f"{NXDI}.models.gpt_oss.modeling_gpt_oss"
 ROUTE_HF, ROUTE_LEGACY, ROUTE_NORMALIZED = "hf", "legacy", "normalized"
 ROUTES = (ROUTE_HF, ROUTE_LEGACY, ROUTE_NORMALIZED)
 _ROUTE_FORMAT = {ROUTE_HF: "hf", ROUTE_LEGACY: "legacy", ROUTE_NORMALIZED: "normalized_fp8"}
-# NeuronConfig values CPU mode needs (nxdi-cpu-mode.md): they replace any user value
-CPU_SETTINGS: dict[str, Any] = {
-    "on_cpu": True,
-    "batch_size": 1, "ctx_batch_size": 1, "tkg_batch_size": 1, "max_batch_size": 1,
-    "apply_seq_ids_mask": True,  # else token steps fail on the sliding-window cache (128 slots vs window)
-    "logical_nc_config": 1, "enable_bucketing": False, "async_mode": False,
-    "pp_degree": 1, "ep_degree": 1, "cp_degree": 1, "attention_dp_degree": 1,
-    "moe_tp_degree": None, "moe_ep_degree": 1, "world_size": None,
-    "speculation_length": 0, "on_device_sampling_config": None, "save_sharded_checkpoint": False,
-}
-# user settings for device code paths that have no CPU counterpart: dropped and reported
-DEVICE_ONLY_SUFFIXES = ("kernel_enabled", "_kernel", "kernel_config")
 TOOL_ERROR_LINES = 3
+TORCHRUN_TIMEOUT_S = 900
 
 
 @dataclass(frozen=True)
@@ -155,6 +144,28 @@ class NxdiCpuAdaptations:
 
     Written against NxDI 0.9 (4bcdc54) and NxD 0.18 (fbac349b).
     """
+
+    # NeuronConfig values CPU mode needs; they replace the user's (and are reported).
+    SETTINGS: ClassVar[dict[str, Any]] = {
+        "on_cpu": True,
+        # to_cpu refuses bfloat16 at tp > 1 (gloo has no bf16 collectives); float32 everywhere
+        # also makes the comparison with transformers a float32 one
+        "torch_dtype": "float32",
+        # to_cpu builds ONE module for the context and token wrappers: both need the same shapes
+        "batch_size": 1, "ctx_batch_size": 1, "tkg_batch_size": 1, "max_batch_size": 1,
+        "enable_bucketing": False,
+        # without it token steps fail on GPT-OSS's sliding-window cache (rounded up to 128
+        # slots while the window mask has sliding_window slots)
+        "apply_seq_ids_mask": True,
+        # device-only parallelism and runtime features to_cpu does not set up
+        "logical_nc_config": 1, "pp_degree": 1, "ep_degree": 1, "cp_degree": 1, "attention_dp_degree": 1,
+        "moe_ep_degree": 1, "speculation_length": 0, "async_mode": False, "save_sharded_checkpoint": False,
+        "on_device_sampling_config": None,
+    }
+    # keys dropped: derived by NeuronConfig from the ones above, or NKI kernel switches (the
+    # kernels do not run on a CPU)
+    DROPPED = ("moe_tp_degree", "world_size")
+    DEVICE_ONLY_SUFFIXES = ("kernel_enabled", "_kernel", "kernel_config")
 
     def __init__(self, tp: int) -> None:
         self.tp = tp
@@ -256,20 +267,22 @@ def _built_by_load_module(instance_cls: type, model_cls: type) -> Any:
 
 
 def neuron_settings(spec: RunSpec, plan: ForwardPlan, tp: int, layers: int) -> tuple[dict[str, Any], list[str]]:
-    """The NeuronConfig keyword arguments of a run, and the user keys dropped or replaced."""
+    """The NeuronConfig keyword arguments of a run, and the user keys CPU mode replaced or dropped.
+
+    The user's settings (``spec.neuron_config``) are kept unless CPU mode dictates them
+    (``NxdiCpuAdaptations.SETTINGS``, tp, ``seq_len == max_context_length``); quantized routes
+    get the FP8 settings of the format and attention and ``lm_head`` left unconverted.
+    """
     import torch
 
+    adapt = NxdiCpuAdaptations
+    forced = {**adapt.SETTINGS, "tp_degree": tp, "seq_len": plan.seq_len, "max_context_length": plan.seq_len}
     user = dict(spec.neuron_config)
-    changed = sorted(key for key in user if key.endswith(DEVICE_ONLY_SUFFIXES)
-                     or (key in CPU_SETTINGS and user[key] != CPU_SETTINGS[key]))
-    settings = {key: value for key, value in user.items() if not key.endswith(DEVICE_ONLY_SUFFIXES)}
-    settings.update({key: value for key, value in CPU_SETTINGS.items() if value is not None})
-    for key in ("moe_tp_degree", "world_size"):
-        settings.pop(key, None)
-    for key in ("tp_degree", "torch_dtype", "seq_len", "max_context_length"):
-        if key in user:
-            changed.append(key)
-    settings.update(tp_degree=tp, torch_dtype=torch.float32, seq_len=plan.seq_len, max_context_length=plan.seq_len)
+    dropped = [key for key in user if key in adapt.DROPPED or key.endswith(adapt.DEVICE_ONLY_SUFFIXES)]
+    changed = [key for key in user if key in forced and str(user[key]) != str(forced[key])]
+    settings = {key: value for key, value in user.items() if key not in dropped}
+    settings.update(forced)
+    settings["torch_dtype"] = torch.float32
     if spec.route != ROUTE_HF:
         excluded = list(settings.get("modules_to_not_convert") or [])
         for module in ("lm_head", *(f"layers.{layer}.self_attn" for layer in range(layers))):
@@ -280,7 +293,7 @@ def neuron_settings(spec: RunSpec, plan: ForwardPlan, tp: int, layers: int) -> t
                         modules_to_not_convert=excluded)
     else:
         settings["quantized"] = False
-    return settings, sorted(set(changed))
+    return settings, sorted(set(dropped + changed))
 
 
 @contextlib.contextmanager
@@ -343,7 +356,7 @@ def run_forward(spec: RunSpec, plan: ForwardPlan, *, tp: int = 1) -> Any:
         config = modeling.GptOssInferenceConfig(neuron_config, load_config=load_pretrained_config(spec.checkpoint))
         app = modeling.NeuronGptOssForCausalLM(spec.checkpoint, config)
         adapt.move_to_cpu(app)
-        vocab = config.vocab_size
+        vocab = config.vocab_size  # a padded lm_head (lm_head_pad) must not widen the rows
         rows = []
         with torch.no_grad():
             context = plan.context
@@ -373,7 +386,10 @@ def run_forwards(specs: Sequence[RunSpec], plan: ForwardPlan, *, tp: int = 1) ->
                        "context": plan.context, "tp": tp, "out": out}, handle)
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}",
                    "-m", __name__, job]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=TORCHRUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise CpuModelError(f"NxDI's model did not finish in {TORCHRUN_TIMEOUT_S} s in the tp {tp} torchrun workers") from None
         if done.returncode != 0 or not os.path.exists(out):
             lines = [line for line in (done.stderr or "").splitlines() if line.strip()]
             errors = [line for line in lines if "Error" in line or "error" in line] or lines
