@@ -171,6 +171,15 @@ class NxdiCpuAdaptations:
         self.tp = tp
         self.under_torchrun = "WORLD_SIZE" in os.environ
 
+    @staticmethod
+    def seq_len(plan: ForwardPlan, sliding_window: int) -> int:
+        """``seq_len`` and ``max_context_length`` (equal: to_cpu builds one module for the context
+        and token wrappers). NxDI's windowed context encoding keeps the last ``sliding_window −
+        1`` positions of the padded context (``get_last_kv_window``), so the context must be at
+        least one window long: a Neuron deployment always is; a short CPU check is not unless
+        padded to the window. No longer needed when a context shorter than the window runs."""
+        return max(plan.seq_len, -(-sliding_window // 16) * 16)
+
     @contextlib.contextmanager
     def process_group(self) -> Iterator[None]:
         """``to_cpu()`` starts a world-size-1 gloo group itself on ``MASTER_PORT`` (default 29500),
@@ -266,7 +275,8 @@ def _built_by_load_module(instance_cls: type, model_cls: type) -> Any:
 # --------------------------------------------------------------------------- one run
 
 
-def neuron_settings(spec: RunSpec, plan: ForwardPlan, tp: int, layers: int) -> tuple[dict[str, Any], list[str]]:
+def neuron_settings(spec: RunSpec, plan: ForwardPlan, tp: int, layers: int,
+                    sliding_window: int = 0) -> tuple[dict[str, Any], list[str]]:
     """The NeuronConfig keyword arguments of a run, and the user keys CPU mode replaced or dropped.
 
     The user's settings (``spec.neuron_config``) are kept unless CPU mode dictates them
@@ -276,7 +286,8 @@ def neuron_settings(spec: RunSpec, plan: ForwardPlan, tp: int, layers: int) -> t
     import torch
 
     adapt = NxdiCpuAdaptations
-    forced = {**adapt.SETTINGS, "tp_degree": tp, "seq_len": plan.seq_len, "max_context_length": plan.seq_len}
+    seq_len = adapt.seq_len(plan, sliding_window)
+    forced = {**adapt.SETTINGS, "tp_degree": tp, "seq_len": seq_len, "max_context_length": seq_len}
     user = dict(spec.neuron_config)
     dropped = [key for key in user if key in adapt.DROPPED or key.endswith(adapt.DEVICE_ONLY_SUFFIXES)]
     changed = [key for key in user if key in forced and str(user[key]) != str(forced[key])]
@@ -342,8 +353,9 @@ def run_forward(spec: RunSpec, plan: ForwardPlan, *, tp: int = 1) -> Any:
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
     with open(os.path.join(spec.checkpoint, fmt.CONFIG_FILE), encoding="utf-8") as handle:
-        layers = int(json.load(handle)["num_hidden_layers"])
-    settings, _ = neuron_settings(spec, plan, tp, layers)
+        model_config = json.load(handle)
+    settings, _ = neuron_settings(spec, plan, tp, int(model_config["num_hidden_layers"]),
+                                  int(model_config.get("sliding_window") or 0))
     env = {"CHECKPOINT_FORMAT": _ROUTE_FORMAT[spec.route]}
     if spec.allow_custom_model:
         env[fmt.ALLOW_CUSTOM_ENV] = "1"

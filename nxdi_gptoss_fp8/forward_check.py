@@ -102,10 +102,13 @@ def write_window(ckpt: str, out: str, layout: fmt.Layout, layers: int, *, allow_
     """A normalized checkpoint at ``out`` holding the first ``layers`` layers and the global
     tensors of ``ckpt`` (whose layout is ``layout``), with the same padding. The loader
     preflights ``ckpt`` and maps it; only the copied tensors are read."""
-    from .loader import load_checkpoint
+    from .loader import LoadPolicy, load_checkpoint
     from .writer import CheckpointWriter
 
-    loaded = load_checkpoint(ckpt, allow_custom_model=allow_custom_model)
+    # mapped and unverified whatever the environment asks: reading or hashing every shard
+    # would touch the whole checkpoint (the window itself is then loaded as configured)
+    loaded = load_checkpoint(ckpt, allow_custom_model=allow_custom_model,
+                             policy=LoadPolicy(load_mode=fmt.LOAD_MODE_MMAP))
     config = _read_config(ckpt)
     config["num_hidden_layers"] = layers
     if isinstance(config.get("layer_types"), list):
@@ -177,7 +180,7 @@ def check_forward(
                     settings.setdefault(key, size)
         spec = cpu_model.RunSpec(window, cpu_model.ROUTE_NORMALIZED, settings,
                                  allow_custom_model=allow_custom_model or window != ckpt)
-        _, report.neuron_config_changed = cpu_model.neuron_settings(spec, plan, 1, layers)
+        _, report.neuron_config_changed = cpu_model.neuron_settings(spec, plan, 1, layers, dims.sliding_window)
         mark = time.perf_counter()
         checked = cpu_model.run_forward(spec, plan)
         report.timings["nxdi"] = time.perf_counter() - mark

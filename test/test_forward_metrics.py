@@ -126,6 +126,8 @@ def test_neuron_settings_replace_what_cpu_mode_needs_and_report_it() -> None:
     assert settings["quantized"] and settings["quantized_checkpoints_path"] == "/ckpt"
     assert settings["modules_to_not_convert"] == ["lm_head", "self_attn", "layers.0.self_attn", "layers.1.self_attn"]
     assert changed == ["moe_ep_degree", "qkv_kernel_enabled", "torch_dtype", "tp_degree"]
+    windowed, _ = cpu_model.neuron_settings(spec, plan, tp=1, layers=2, sliding_window=128)
+    assert windowed["seq_len"] == windowed["max_context_length"] == 128  # the context covers one window
     hf_settings, _ = cpu_model.neuron_settings(cpu_model.RunSpec("/hf", cpu_model.ROUTE_HF), plan, tp=1, layers=2)
     assert hf_settings["quantized"] is False and "quantized_checkpoints_path" not in hf_settings
 
