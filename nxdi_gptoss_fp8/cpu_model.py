@@ -20,6 +20,7 @@ Run as ``python -m nxdi_gptoss_fp8.cpu_model JOB.json``, it is the torchrun work
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import importlib.util
 import json
@@ -381,6 +382,7 @@ def run_forward(spec: RunSpec, plan: ForwardPlan, *, tp: int = 1) -> Any:
                           position_ids=torch.tensor([[pos]]), seq_ids=torch.tensor([0]))
                 rows.append(out.logits[0, -1, :vocab].float().clone())
         del app
+    gc.collect()  # NxDI's modules hold reference cycles: free the model before the caller's next one
     return torch.stack(rows)
 
 
