@@ -97,12 +97,14 @@ class RunSpec:
 
 def require_nxdi() -> None:
     """Raise ``CpuModelError`` (one line) unless NxDI, NxD and transformers can be imported."""
-    missing = [name for name in (NXDI, NXD, "transformers") if not _importable(name)]
+    missing = [name for name in (NXDI, NXD) if not _importable(name)]
     if missing:
         raise CpuModelError(
             f"needs NxDI: {', '.join(missing)} cannot be imported here; run this where "
             "neuronx-distributed-inference is installed (its CPU mode needs no Neuron device)"
         )
+    if not _importable("transformers"):
+        raise CpuModelError("needs transformers (the reference model): pip install 'nxdi-gptoss-fp8[forward]'")
 
 
 def _importable(name: str) -> bool:
