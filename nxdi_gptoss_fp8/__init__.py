@@ -12,6 +12,7 @@ from .checks import preflight
 from .errors import (
     CheckpointFormatError,
     ConversionError,
+    CpuModelError,
     IntegrityError,
     LoadError,
     NxdiGptossFp8Error,
@@ -30,6 +31,7 @@ __all__ = [
     "FORMAT_VERSION",
     "CheckpointFormatError",
     "ConversionError",
+    "CpuModelError",
     "Finding",
     "IntegrityError",
     "LoadError",
