@@ -18,7 +18,6 @@ per-chunk work is a few numpy passes over a reused buffer (several GB/s); readin
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +30,8 @@ except ImportError:  # the validator itself needs only the standard library
 
 from . import format as fmt
 from .findings import PreflightReport, Severity
+from .progress import Progress
+from .units import format_bytes, format_duration, plural
 
 if TYPE_CHECKING:
     from .checks import CheckpointView
@@ -233,7 +234,8 @@ def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int
               show_progress: bool | None = None) -> ScanStats:
     """Scan every FP8 expert byte (and padded BF16 tensors) of the checkpoint; add findings.
 
-    ``show_progress=None`` shows a progress bar on stderr only when it is a terminal.
+    ``show_progress=None`` shows a bar on a terminal and a plain line every few seconds on a
+    non-terminal stderr (``progress.Progress``); False shows nothing.
     """
     started = time.perf_counter()
     if np is None:
@@ -247,7 +249,7 @@ def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int
                    "the deep scan did not run: the namespace could not be derived (see the config errors)",
                    severity=Severity.INFO)
     total = sum(t.nbytes for t in targets)
-    bar = _progress_bar(total, show_progress)
+    bar = Progress(total, "deep scan", show=show_progress)
     buffer = bytearray(max((t.cols * t.itemsize * _rows_per_chunk(t, chunk_bytes) for t in targets), default=0))
     scanned = 0
     try:
@@ -258,7 +260,7 @@ def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int
                     for target in shard_targets:
                         try:
                             result = scan_tensor(target, handle, buffer, chunk_bytes=chunk_bytes,
-                                                 progress=bar.update if bar is not None else None)
+                                                 progress=bar.update)
                         except EOFError as exc:
                             report.add("header", "data_beyond_file", f"{exc} (the file shrank after its header was read)",
                                        file=shard, key=target.key)
@@ -268,14 +270,13 @@ def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int
             except OSError as exc:
                 report.add("filesystem", "unreadable", f"cannot read {shard}: {exc.strerror or exc}", file=shard)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     stats = ScanStats(len(targets), scanned, time.perf_counter() - started)
     report.bytes_read += scanned
     if targets:
         report.add("values", "deep_scan_done",
-                   f"deep scan read {stats.tensors} tensors ({stats.bytes_scanned:,} bytes) in "
-                   f"{stats.elapsed_s:.2f} s ({stats.rate_gb_s:.2f} GB/s)", severity=Severity.INFO)
+                   f"deep scan read {plural(stats.tensors, 'tensor')} ({format_bytes(stats.bytes_scanned)}) in "
+                   f"{format_duration(stats.elapsed_s)} ({stats.rate_gb_s:.2f} GB/s)", severity=Severity.INFO)
     return stats
 
 
@@ -305,15 +306,3 @@ def _report(report: PreflightReport, target: ScanTarget, result: TensorResult) -
             f"{shown}): a sign of a broken conversion; compare with the source checkpoint",
             file=target.shard, key=target.key, severity=Severity.WARNING,
         )
-
-
-def _progress_bar(total: int, show: bool | None) -> Any:
-    if show is False or not total:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="B", unit_scale=True, desc="deep scan", disable=None if show is None else not show,
-                leave=False, file=sys.stderr)
-

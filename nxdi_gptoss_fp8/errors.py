@@ -19,7 +19,7 @@ class PreflightError(NxdiGptossFp8Error):
     """
 
     def __init__(self, report: PreflightReport, hint: str | None = None) -> None:
-        super().__init__(f"{hint}\n{report.render_text()}" if hint else report.render_text())
+        super().__init__(f"{hint}\n{report.render_text(summarize=False)}" if hint else report.render_text(summarize=False))
         self.report = report
         self.hint = hint
 

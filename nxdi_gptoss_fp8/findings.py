@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from .errors import PreflightError
+from .units import format_duration, plural
 
 if TYPE_CHECKING:
     from .binding import CheckedCheckpoint
@@ -108,9 +109,6 @@ class PreflightReport:
     ) -> None:
         self.findings.append(Finding(check, f"{check}.{reason}", severity, message, file, key))
 
-    def extend(self, findings: Iterable[Finding]) -> None:
-        self.findings.extend(findings)
-
     @property
     def errors(self) -> list[Finding]:
         return [f for f in self.findings if f.severity is Severity.ERROR]
@@ -164,25 +162,34 @@ class PreflightReport:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def render_text(self, *, limit: int | None = None) -> str:
-        """A readable verdict: one line per finding (errors first), then a summary line."""
+    def render_text(self, *, limit: int | None = None, summarize: bool = True) -> str:
+        """A readable verdict: the findings (errors first), then a summary line.
+
+        With ``summarize`` (the default), a shard that looks damaged gets one line instead of
+        the findings that follow from it (``damaged_shards``), and more than ``GROUP_AFTER``
+        findings of one code in one file become one line with their count and the first keys.
+        ``limit`` caps the lines shown; the cap line names ``--all``, which shows everything.
+        """
         ordered = sorted(self.findings, key=lambda f: (list(Severity).index(f.severity), CHECKS.index(f.check)))
-        shown = ordered if limit is None else ordered[:limit]
-        lines = [f.render() for f in shown]
-        if len(shown) < len(ordered):
-            lines.append(f"... and {len(ordered) - len(shown)} more findings (use --json for all)")
+        lines = _summarized_lines(ordered, damaged_shards(self.findings)) if summarize else [f.render() for f in ordered]
+        shown = lines if limit is None else lines[:limit]
+        hidden = len(lines) - len(shown)
+        if hidden:
+            shown.append(f"... and {plural(hidden, 'more line')} (--all lists every finding, --json gives them as data)")
+        elif summarize and len(lines) < len(ordered):
+            shown.append("(similar findings summarized: --all lists every one)")
         if not self.clean:
             verdict = "INVALID:"
         elif not self.complete:
             verdict = f"PARTIAL (headers only): no errors in what was checked; not checked: {', '.join(self.not_checked)};"
         else:
             verdict = "VALID:"
-        lines.append(
-            f"{verdict} {self.path}: {len(self.errors)} errors, {len(self.warnings)} warnings; "
-            f"{self.shards} shards, {self.tensors} tensors, profile {self.profile or 'unknown'}; "
-            f"read {self.bytes_read:,} bytes in {self.elapsed_s * 1000:.1f} ms"
+        shown.append(
+            f"{verdict} {self.path}: {plural(len(self.errors), 'error')}, {plural(len(self.warnings), 'warning')}; "
+            f"{plural(self.shards, 'shard')}, {plural(self.tensors, 'tensor')}, profile {self.profile or 'unknown'}; "
+            f"read {plural(self.bytes_read, 'byte')} in {format_duration(self.elapsed_s)}"
         )
-        return "\n".join(lines)
+        return "\n".join(shown)
 
     def raise_if_failed(self) -> PreflightReport:
         """Raise ``PreflightError`` listing every finding when the run found errors.
@@ -192,3 +199,63 @@ class PreflightReport:
         if not self.clean:
             raise PreflightError(self)
         return self
+
+
+# Header findings that mean the bytes of a shard are not what was written: a damaged or
+# half-copied file rather than a writer's mistake.
+DAMAGE_CODES = frozenset({
+    "header.not_utf8", "header.invalid_json", "header.too_short", "header.header_beyond_file",
+    "header.data_beyond_file", "header.bad_offsets",
+})
+# More findings than this of one code in one file are summarized in one line.
+GROUP_AFTER = 3
+_EXAMPLES = 3
+
+
+def damaged_shards(findings: Sequence[Finding]) -> dict[str, Finding]:
+    """Shards that look corrupted or half-copied, each with the finding that shows it: a header
+    that is not UTF-8 JSON or does not fit the file, or tensor names that differ from the
+    index's for that shard (names the index assigns to it missing, and names it holds unlisted)."""
+    damaged: dict[str, Finding] = {}
+    by_file: dict[str, set[str]] = {}
+    for finding in findings:
+        if finding.file is None:
+            continue
+        by_file.setdefault(finding.file, set()).add(finding.code)
+        if finding.code in DAMAGE_CODES:
+            damaged.setdefault(finding.file, finding)
+    for file, codes in by_file.items():
+        if file not in damaged and {"ownership.key_not_in_shard", "ownership.unlisted_key"} <= codes:
+            damaged[file] = next(f for f in findings if f.file == file and f.code == "ownership.unlisted_key")
+    return damaged
+
+
+def _summarized_lines(ordered: Sequence[Finding], damaged: dict[str, Finding]) -> list[str]:
+    groups: dict[tuple[Severity, str, str | None], list[Finding]] = {}
+    lines: list[str] = []
+    for finding in ordered:
+        if finding.file in damaged and finding.severity is Severity.ERROR:
+            groups.setdefault((Severity.ERROR, "damaged", finding.file), []).append(finding)
+        else:
+            groups.setdefault((finding.severity, finding.code, finding.file), []).append(finding)
+    for (severity, code, file), members in groups.items():
+        first = members[0]
+        if code == "damaged" and file is not None:
+            cause = damaged[file]
+            why = "its tensor names differ from the index's" if cause.code.startswith("ownership.") else cause.message
+            why = why.removeprefix(f"{file}: ")
+            count = f"; {plural(len(members), 'finding')} in this shard" if len(members) > 1 else ""
+            lines.append(
+                f"ERROR {cause.code} [{file}]: {file} looks corrupted or half-copied ({why}{count}): copy it "
+                "again from the source, then run validate --verify-checksums"
+            )
+        elif len(members) > GROUP_AFTER:
+            keys = [m.key for m in members if m.key]
+            examples = ", ".join(keys[:_EXAMPLES]) + (", ..." if len(keys) > _EXAMPLES else "")
+            where = f" [{file}]" if file else ""
+            lines.append(
+                f"{severity.value.upper()} {code}{where}: {len(members):,} times ({examples}); the first: {first.message}"
+            )
+        else:
+            lines.extend(m.render() for m in members)
+    return lines

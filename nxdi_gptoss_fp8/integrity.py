@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import format as fmt
 from .findings import PreflightReport, Severity
 from .hashing import hash_files
+from .progress import Progress
+from .units import format_bytes, format_duration, plural
 
 if TYPE_CHECKING:
     from .checks import CheckpointView
@@ -110,23 +112,14 @@ def check_digests(
     matched = sum(actual[shard] == expected[shard] for shard in expected)
     report.add(
         "integrity", "verified",
-        f"hashed {stats.shards} shards ({stats.bytes_hashed:,} bytes) in {stats.elapsed_s:.2f} s with "
-        f"{stats.workers} threads ({stats.rate_mb_s:,.0f} MB/s): {matched} match their digests",
+        f"hashed {plural(stats.shards, 'shard')} ({format_bytes(stats.bytes_hashed)}) in "
+        f"{format_duration(stats.elapsed_s)} with {plural(stats.workers, 'thread')} ({stats.rate_mb_s:,.0f} MB/s): "
+        f"{matched} of {len(expected)} match their digests",
         file=fmt.INDEX_FILE, severity=Severity.INFO,
     )
     return stats
 
 
 def _hash_with_progress(paths: dict[str, str], total: int, threads: int) -> dict[str, str]:
-    bar: Any = None
-    try:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc="sha256", disable=None, leave=False)
-    except ImportError:
-        pass
-    try:
-        return hash_files(paths, workers=threads, progress=bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
+    with Progress(total, "sha256") as progress:
+        return hash_files(paths, workers=threads, progress=progress.update)

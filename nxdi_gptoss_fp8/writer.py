@@ -11,13 +11,16 @@ An interrupted write therefore never leaves a directory that passes the prefligh
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
+import secrets
 import shutil
+import socket
 import struct
-import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +28,10 @@ from . import format as fmt
 from .errors import ConversionError
 from .files import open_regular
 from .hashing import hash_files
+from .progress import Progress
+from .units import format_bytes
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SHARD_SIZE = 5_000_000_000
 _ALIGNMENT = 8
@@ -191,11 +198,13 @@ class CheckpointWriter:
         self._fds: dict[str, int] = {}
         self.tmp: str | None = None
         self.committed = False
+        self.removed_stale: list[str] = []
 
     def __enter__(self) -> CheckpointWriter:
         parent = os.path.dirname(self.out) or "."
         os.makedirs(parent, exist_ok=True)
-        self.tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out)}.partial-", dir=parent)
+        self.removed_stale = remove_stale_partials(self.out)
+        self.tmp = _make_private_dir(self.out, "partial")
         for shard, (header, size) in self._headers.items():
             fd = os.open(os.path.join(self.tmp, shard), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             os.pwrite(fd, header, 0)
@@ -234,8 +243,11 @@ class CheckpointWriter:
             raise ConversionError(f"{name} is not a tensor of the normalized format")
         self._written[name] = planned.spec.nbytes
 
-    def commit(self, *, progress: Callable[[int], None] | None = None) -> str:
-        """Check completeness, hash the shards, write config and index, move into place."""
+    def commit(self, *, show_progress: bool | None = None) -> str:
+        """Check completeness, hash the shards, write config and index, move into place.
+
+        Hashing reads every shard once; ``show_progress`` is ``progress.Progress``'s ``show``
+        (None: a bar on a terminal, a plain line every few seconds elsewhere)."""
         incomplete = [n for n, count in self._written.items() if count != self._plan[n].spec.nbytes]
         if incomplete:
             raise ConversionError(f"{len(incomplete)} tensors were not written completely (first: {incomplete[0]})")
@@ -244,7 +256,11 @@ class CheckpointWriter:
             os.fsync(fd)
         self._close_files()
         paths = {shard: os.path.join(self.tmp, shard) for shard in self.shard_names}
-        digests = hash_files(paths, workers=self.hash_workers, progress=progress) if self.record_sha256 else None
+        digests = None
+        if self.record_sha256:
+            total = sum(os.path.getsize(path) for path in paths.values())
+            with Progress(total, "sha256 shards", show=show_progress) as progress:
+                digests = hash_files(paths, workers=self.hash_workers, progress=progress.update)
         metadata = fmt.index_metadata(self.layout, self.profile, shard_sha256=digests, source=self.source)
         weight_map = {name: planned.shard for name, planned in self._plan.items()}
         for name, source in self.extra_files.items():
@@ -271,7 +287,7 @@ class CheckpointWriter:
         if os.path.isdir(self.out) and not os.listdir(self.out):
             os.rmdir(self.out)
         if os.path.isdir(self.out):
-            trash = tempfile.mkdtemp(prefix=f".{os.path.basename(self.out)}.old-", dir=os.path.dirname(self.out))
+            trash = _make_private_dir(self.out, "old")
             os.rename(self.out, os.path.join(trash, "old"))
             os.rename(self.tmp, self.out)
             shutil.rmtree(trash, ignore_errors=True)
@@ -289,6 +305,84 @@ def _copy_regular(source: str | os.PathLike[str], target: str) -> None:
             os.fsync(writer.fileno())
     except OSError as exc:  # NotRegularFileError included
         raise ConversionError(f"cannot copy {os.fspath(source)} into the output: {exc.strerror or exc}") from None
+
+
+def _hidden_prefix(out: str, kind: str) -> str:
+    return f".{os.path.basename(out)}.{kind}-"
+
+
+def _make_private_dir(out: str, kind: str) -> str:
+    """A new hidden directory beside ``out`` named ``.OUT.KIND-HOST-PID-RANDOM``: created with the
+    user's umask (like any directory the user makes), and naming its owner so that a later run
+    can tell a dead run's leftovers from a live one's."""
+    parent = os.path.dirname(out) or "."
+    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:64] or "host"
+    for _ in range(100):
+        path = os.path.join(parent, f"{_hidden_prefix(out, kind)}{host}-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.mkdir(path, 0o777)  # the umask applies: 0755 with the usual 022
+            return path
+        except FileExistsError:
+            continue
+    raise ConversionError(f"cannot create a temporary directory beside {out}")
+
+
+def _owner_alive(name: str, prefix: str) -> bool:
+    """Whether the run that created ``name`` (``PREFIX HOST-PID-RANDOM``) may still be running.
+    Directories of other hosts (a shared filesystem) and names we cannot read count as alive."""
+    match = re.fullmatch(r"(.+)-(\d+)-[0-9a-f]+", name[len(prefix):])
+    if match is None or match[1] != re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:64]:
+        return True
+    try:
+        os.kill(int(match[2]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def stale_partials(out: str | os.PathLike[str], *, kind: str = "partial") -> list[str]:
+    """Hidden ``kind`` directories ("partial": unfinished outputs, "old": a previous output moved
+    aside) that a killed run writing ``out`` left beside it (their process is gone)."""
+    out = os.path.abspath(os.fspath(out))
+    parent = os.path.dirname(out) or "."
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    return [os.path.join(parent, name) for name in sorted(names)
+            if name.startswith(_hidden_prefix(out, kind)) and not _owner_alive(name, _hidden_prefix(out, kind))
+            and os.path.isdir(os.path.join(parent, name)) and not os.path.islink(os.path.join(parent, name))]
+
+
+def remove_stale_partials(out: str | os.PathLike[str]) -> list[str]:
+    """Remove the unfinished outputs ``stale_partials`` finds, logging each with its size on the
+    package logger. A dead run's ``.old-`` directory (the previous OUT, moved aside by
+    ``--overwrite`` just before the new one took its place) may be the only copy of it: it is
+    named, never removed."""
+    for path in stale_partials(out, kind="old"):
+        logger.warning("%s holds the previous %s, moved aside by an interrupted run: move %s/old back "
+                       "or delete the directory", path, os.path.basename(os.fspath(out)), path)
+    removed = []
+    for path in stale_partials(out):
+        size = _tree_size(path)
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            removed.append(path)
+            logger.warning("removed %s (%s) left by an interrupted run", path, format_bytes(size))
+        else:
+            logger.warning("%s was left by an interrupted run and could not be removed: delete it with rm -r", path)
+    return removed
+
+
+def _tree_size(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
 
 
 def _write_json(path: str, document: Any) -> None:
