@@ -15,6 +15,7 @@ from .errors import (
     CpuModelError,
     IntegrityError,
     LoadError,
+    MissingDependencyError,
     NxdiGptossFp8Error,
     PreflightError,
     RegistrationError,
@@ -23,7 +24,7 @@ from .errors import (
 from .findings import CHECKS, Finding, PreflightReport, Severity
 from .format import FORMAT_NAME, FORMAT_VERSION
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CHECKS",
@@ -35,6 +36,7 @@ __all__ = [
     "Finding",
     "IntegrityError",
     "LoadError",
+    "MissingDependencyError",
     "NxdiGptossFp8Error",
     "PreflightError",
     "PreflightReport",

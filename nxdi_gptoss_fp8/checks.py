@@ -21,6 +21,7 @@ from typing import Any
 
 from . import format as fmt
 from .binding import seal
+from .deps import missing
 from .findings import PreflightReport, Severity
 from .integrity import check_digests
 from .safetensors_header import (
@@ -95,17 +96,23 @@ def preflight(
         read_scales: read the expert scales and check their values (the default); False gives
             a headers-only verdict and an info finding saying the values were not checked.
         deep: also read every FP8 expert byte once (``deep_scan``: values beyond ±240 or
-            NaN, non-zero padding, all-zero experts); needs numpy.
+            NaN, non-zero padding, all-zero experts); needs numpy (``MissingDependencyError``
+            without it).
         verify_checksums: hash every shard against the index's ``shard_sha256``
             (``integrity``); without digests that is an error (else only a warning).
 
     Returns:
         A ``PreflightReport`` with every finding; ``report.ok`` is the verdict. Never raises
-        for a malformed checkpoint. Example::
+        for a malformed checkpoint (only for a missing optional dependency). Example::
 
             report = preflight("/ckpt/gpt-oss-120b-fp8")
             report.raise_if_failed()
     """
+    if deep:
+        from . import deep_scan
+
+        if deep_scan.np is None:  # fail before reading anything: the environment, not the checkpoint
+            raise missing("numpy", "the deep scan (deep=True, validate --deep)")
     started = time.perf_counter()
     root = os.fspath(path)
     report = PreflightReport(path=root)

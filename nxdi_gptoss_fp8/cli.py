@@ -2,14 +2,16 @@
 
 A thin face over the library: each command parses its arguments, calls one library function
 and renders the result. Data goes to stdout, messages to stderr. Exit codes: 0 success /
-valid, 1 findings or a failed check, 2 usage error or unreadable input. Known errors print one
-line; set NXDI_GPTOSS_FP8_DEBUG=1 for tracebacks.
+valid, 1 findings or a failed check, 2 usage error, unreadable input or a missing optional
+dependency (torch, numpy, NxDI). Known errors print one line; set NXDI_GPTOSS_FP8_DEBUG=1 for
+tracebacks. A closed stdout (``| head``) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -18,14 +20,33 @@ from typing import Any
 from . import __version__
 from . import format as fmt
 from .checks import allow_custom_from_env, preflight
-from .errors import NxdiGptossFp8Error
+from .deps import OPTIONAL, missing, require
+from .errors import MissingDependencyError, NxdiGptossFp8Error
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 TEXT_FINDINGS_LIMIT = 50
 
 
 class UsageError(Exception):
     """A command-line input that cannot be used (exit 2)."""
+
+
+def _checkpoint_dir(path: str, what: str = "the checkpoint directory") -> str:
+    """``path`` if it is a directory we can list; else a usage error (exit 2) saying why."""
+    if not os.path.exists(path):
+        raise UsageError(f"{path} does not exist: pass {what}")
+    if not os.path.isdir(path):
+        raise UsageError(f"{path} is a file, not a directory: pass {what} (the one holding {fmt.INDEX_FILE})")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise UsageError(f"{path} cannot be listed (permissions): run as a user who can read it")
+    return path
+
+
+def _needs(purpose: str, *modules: str) -> None:
+    """Fail at once, in one line, when a module ``purpose`` needs is missing (exit 2)."""
+    for module in modules:
+        require(module, purpose)
 
 
 def _load_neuron_config(path: str | None) -> dict[str, Any] | None:
@@ -44,6 +65,9 @@ def _load_neuron_config(path: str | None) -> dict[str, Any] | None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    _checkpoint_dir(args.path)
+    if args.deep:
+        _needs("validate --deep", "numpy")
     neuron_config = _load_neuron_config(args.neuron_config)
     report = preflight(
         args.path,
@@ -56,7 +80,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.json:
         print(report.to_json())
     else:
-        print(report.render_text(limit=None if args.all else TEXT_FINDINGS_LIMIT))
+        print(report.render_text(limit=None, summarize=False) if args.all else report.render_text(limit=TEXT_FINDINGS_LIMIT))
     if not report.clean:
         return EXIT_FINDINGS
     return EXIT_OK if report.complete else EXIT_PARTIAL
@@ -78,13 +102,20 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK if inspection.ok else EXIT_FINDINGS
 
 
-def _cmd_make_tiny(args: argparse.Namespace) -> int:
-    from .tiny import TINY_DIMS, make_tiny
-
-    dims = fmt.ModelDims(**{
-        field: getattr(args, field) if getattr(args, field) is not None else getattr(TINY_DIMS, field)
+def _dims(args: argparse.Namespace, defaults: fmt.ModelDims) -> fmt.ModelDims:
+    return fmt.ModelDims(**{
+        field: getattr(args, field) if getattr(args, field) is not None else getattr(defaults, field)
         for field in fmt.ModelDims.__dataclass_fields__
     })
+
+
+def _cmd_make_tiny(args: argparse.Namespace) -> int:
+    if args.hf is not None:
+        return _make_tiny_source(args)
+    _needs("make-tiny", "torch")
+    from .tiny import TINY_DIMS, make_tiny
+
+    dims = _dims(args, TINY_DIMS)
     try:
         out = make_tiny(
             args.out, dims=dims, padded_hidden_size=args.padded_hidden_size,
@@ -97,6 +128,29 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
     print(f"wrote {out}")
     print(report.render_text())
     return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
+def _make_tiny_source(args: argparse.Namespace) -> int:
+    """``make-tiny --hf-mxfp4`` / ``--hf-bf16``: a tiny synthetic HF source to try ``convert`` on."""
+    _needs(f"make-tiny --hf-{args.hf}", "torch", "safetensors")
+    from .synthetic import SOURCE_DIMS, make_source
+    from .writer import prepare_output
+
+    if args.padded_hidden_size is not None or args.padded_intermediate_size is not None:
+        raise UsageError("an HF source is never padded: pass --padded-hidden-size/--padded-intermediate-size to convert")
+    try:
+        prepare_output(os.path.abspath(args.out), overwrite=args.overwrite)
+    except NxdiGptossFp8Error as exc:
+        raise UsageError(str(exc)) from None
+    if args.overwrite and os.path.isdir(args.out):
+        import shutil
+
+        shutil.rmtree(args.out)
+    out = make_source(args.out, args.hf, dims=_dims(args, SOURCE_DIMS), seed=args.seed, original=False)
+    kind = "MXFP4" if args.hf == "mxfp4" else "BF16"
+    print(f"wrote a tiny synthetic HF {kind} GPT-OSS source to {out} (random values, the published repos' layout)")
+    print(f"try: nxdi-gptoss-fp8 convert {out} {out}-fp8 && nxdi-gptoss-fp8 verify-conversion {out}-fp8 --source {out}")
+    return EXIT_OK
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -132,6 +186,7 @@ def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None)
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
+    _needs("convert", "torch", "safetensors")
     from .convert import convert
     from .errors import ConversionError
     from .hub import companion_files
@@ -152,6 +207,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify_conversion(args: argparse.Namespace) -> int:
+    _checkpoint_dir(args.out, "OUT, the converted checkpoint directory")
+    _needs("verify-conversion", "torch", "safetensors")
     from .errors import ConversionError
     from .verify import verify_conversion
 
@@ -238,7 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("path", help="the checkpoint directory (holds model.safetensors.index.json)")
     validate.add_argument("--json", action="store_true", help="print the report as JSON (ok, summary, findings)")
-    validate.add_argument("--all", action="store_true", help=f"list every finding (text output shows the first {TEXT_FINDINGS_LIMIT})")
+    validate.add_argument("--all", action="store_true",
+                          help=f"list every finding, one line each (text output otherwise summarizes repeated "
+                               f"findings and shows at most {TEXT_FINDINGS_LIMIT} lines)")
     validate.add_argument("--neuron-config", metavar="FILE.json",
                           help="NxDI NeuronConfig attributes as JSON (flat, or nested under \"neuron_config\" "
                                "as NxDI saves it): also check that NxDI will run this checkpoint as configured")
@@ -272,10 +331,17 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.set_defaults(handler=_cmd_inspect)
 
     tiny = commands.add_parser(
-        "make-tiny", help="write a valid tiny custom-profile checkpoint (needs torch)",
+        "make-tiny", help="write a valid tiny custom-profile checkpoint, or a tiny HF source for convert (needs torch)",
         description="Write a tiny, valid normalized checkpoint with random values, for tests and demos. "
-                    "Dimensions default to a 2-layer, 4-expert, 64-wide model.",
+                    "Dimensions default to a 2-layer, 4-expert, 64-wide model. With --hf-mxfp4 or --hf-bf16, "
+                    "write a tiny synthetic HF GPT-OSS source instead (2 layers, 3 experts, H 64, I 96), to try "
+                    "convert and verify-conversion without downloading a published checkpoint.",
     )
+    source_kind = tiny.add_mutually_exclusive_group()
+    source_kind.add_argument("--hf-mxfp4", dest="hf", action="store_const", const="mxfp4",
+                             help="write an HF MXFP4 source (like openai/gpt-oss-*) instead")
+    source_kind.add_argument("--hf-bf16", dest="hf", action="store_const", const="bf16",
+                             help="write an HF BF16 source (dense experts) instead")
     tiny.add_argument("out", help="output directory (must be empty or absent)")
     for field, flag, meaning in (
         ("num_hidden_layers", "--layers", "decoder layers"),
@@ -296,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo", help="make a tiny checkpoint, validate it, corrupt copies and show the findings",
-        description="No arguments: everything happens in a temporary directory that is removed afterwards.",
+        description="No arguments: everything happens in a temporary directory that is removed afterwards. "
+                    "Needs nothing but Python; the last step (the zero-copy load) runs when torch is installed.",
     )
     demo.set_defaults(handler=_cmd_demo)
 
@@ -384,10 +451,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     debug = os.environ.get("NXDI_GPTOSS_FP8_DEBUG", "") not in ("", "0")
+    _log_to_stderr()
     try:
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except UsageError as exc:
         print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except MissingDependencyError as exc:
+        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModuleNotFoundError as exc:  # an optional package that a lazy import needed
+        if debug or (exc.name or "").split(".")[0] not in OPTIONAL:
+            raise
+        print(f"nxdi-gptoss-fp8 {args.command}: {missing(exc.name or '', args.command)}", file=sys.stderr)
         return EXIT_USAGE
     except NxdiGptossFp8Error as exc:
         if debug:
@@ -403,6 +484,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of the message."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _log_to_stderr() -> None:
+    """The package's warnings (e.g. a removed leftover of an interrupted run) as plain stderr lines."""
+    logger = logging.getLogger(__package__ or "nxdi_gptoss_fp8")
+    if not any(isinstance(handler, _StderrHandler) for handler in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("nxdi-gptoss-fp8: %(message)s"))
+        logger.addHandler(handler)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+
+
+def _silence_stdout() -> None:
+    """After the reader of stdout went away, send what is still buffered nowhere."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

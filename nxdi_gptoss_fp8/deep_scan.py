@@ -29,6 +29,7 @@ except ImportError:  # the validator itself needs only the standard library
     np = None  # type: ignore[assignment]
 
 from . import format as fmt
+from .deps import missing
 from .findings import PreflightReport, Severity
 from .progress import Progress
 from .units import format_bytes, format_duration, plural
@@ -234,15 +235,12 @@ def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int
               show_progress: bool | None = None) -> ScanStats:
     """Scan every FP8 expert byte (and padded BF16 tensors) of the checkpoint; add findings.
 
-    ``show_progress=None`` shows a bar on a terminal and a plain line every few seconds on a
+    Raises ``MissingDependencyError`` when numpy is not installed. ``show_progress=None`` shows a bar on a terminal and a plain line every few seconds on a
     non-terminal stderr (``progress.Progress``); False shows nothing.
     """
     started = time.perf_counter()
-    if np is None:
-        report.add("values", "deep_scan_unavailable",
-                   "the deep scan needs numpy, which is not installed: pip install numpy (or the "
-                   "package's [torch] extra), then run it again")
-        return ScanStats(0, 0, 0.0)
+    if np is None:  # an environment problem, not a finding about the checkpoint
+        raise missing("numpy", "the deep scan (validate --deep)")
     targets = scan_targets(view)
     if view.layout is None:
         report.add("values", "deep_scan_skipped",

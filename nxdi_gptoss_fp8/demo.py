@@ -1,6 +1,7 @@
-"""The README's main command: a tiny checkpoint made, validated, broken three realistic
+"""The README's first command: a tiny checkpoint made, validated, broken three realistic
 ways and validated again, so a new user sees what the preflight catches; then the valid one
-is loaded through the zero-copy loader. Requires torch."""
+is loaded through the zero-copy loader. Needs only the standard library: the checkpoint is
+written without torch (``tiny_stdlib``), and the load step runs only when torch is installed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable
 
 from . import format as fmt
 from .checks import preflight
+from .deps import CPU_TORCH, available
 from .findings import PreflightReport
 
 
@@ -48,16 +50,21 @@ def _mxfp4_config(path: str) -> str:
 CORRUPTIONS: tuple[Callable[[str], str], ...] = (_truncate_last_shard, _misassign_scale, _mxfp4_config)
 
 
-def run_demo(print_: Callable[[str], None] = print, *, workdir: str | None = None) -> bool:
-    """Run the demo; True when the valid checkpoint passed and every corruption was caught."""
-    from .loader import describe_load
-    from .tiny import make_tiny
+def run_demo(print_: Callable[[str], None] = print, *, workdir: str | None = None,
+             load: bool | None = None) -> bool:
+    """Run the demo; True when the valid checkpoint passed and every corruption was caught.
 
+    ``load=None`` loads the valid checkpoint when torch is installed (and says so in one line
+    when it is not); False skips that step."""
+    from .tiny_stdlib import make_tiny_stdlib
+
+    if load is None:
+        load = available("torch")
     owned = workdir is None
     base = tempfile.mkdtemp(prefix="nxdi-gptoss-fp8-demo-") if owned else workdir
     assert base is not None
     try:
-        valid = make_tiny(os.path.join(base, "tiny-normalized-fp8"))
+        valid = make_tiny_stdlib(os.path.join(base, "tiny-normalized-fp8"))
         print_(f"1. wrote a tiny normalized FP8 checkpoint to {valid}")
         report = preflight(valid, allow_custom_model=True)
         print_(_indent(report.render_text()))
@@ -70,8 +77,14 @@ def run_demo(print_: Callable[[str], None] = print, *, workdir: str | None = Non
             print_(f"{number}. corrupted a copy: {what}")
             print_(_indent(broken.render_text(limit=6)))
             all_as_expected = all_as_expected and not broken.ok
-        print_(f"{len(CORRUPTIONS) + 2}. loaded the valid checkpoint through the loader (NxDI's defaults: tp 1, BF16)")
-        print_(_indent(describe_load(valid)))
+        step = len(CORRUPTIONS) + 2
+        if load:
+            from .loader import describe_load
+
+            print_(f"{step}. loaded the valid checkpoint through the loader (NxDI's defaults: tp 1, BF16)")
+            print_(_indent(describe_load(valid)))
+        else:
+            print_(f"{step}. skipped the zero-copy load: it needs torch, which is not installed ({CPU_TORCH})")
         print_("demo " + ("succeeded: the valid checkpoint passed and every corruption was refused" if all_as_expected else "FAILED"))
         return all_as_expected
     finally:

@@ -63,6 +63,10 @@ class NotRegularFileError(NxdiGptossFp8Error, OSError):
     """An input path is a FIFO, socket, device or directory: refused before it is read."""
 
 
+class MissingDependencyError(NxdiGptossFp8Error):
+    """An optional package a command needs (torch, numpy, safetensors, NxDI) is not installed."""
+
+
 class RegistrationError(NxdiGptossFp8Error):
     """The installed NxDI does not have what the hook wraps; nothing was patched."""
 

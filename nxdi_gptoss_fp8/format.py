@@ -253,22 +253,8 @@ def weight_key_for(scale_key: str) -> str | None:
     return None
 
 
-def is_expert_weight(key: str) -> bool:
-    return key.endswith((f"{GATE_UP}.weight", f"{DOWN}.weight"))
-
-
 def is_expert_scale(key: str) -> bool:
     return key.endswith((f"{GATE_UP}.scale", f"{DOWN}.scale"))
-
-
-def expert_pairs(layout: Layout) -> list[tuple[str, str]]:
-    """(FP8 weight key, scale key) for every expert projection of every layer."""
-    pairs = []
-    for layer in range(layout.dims.num_hidden_layers):
-        prefix = layer_prefix(layer)
-        for proj in (GATE_UP, DOWN):
-            pairs.append((f"{prefix}{proj}.weight", f"{prefix}{proj}.scale"))
-    return pairs
 
 
 # Entries NxDI's conversion derives from the runtime config (format §4): never stored.

@@ -26,8 +26,3 @@ def quantize_expertwise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     q = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale.contiguous()
-
-
-def dequantize_expertwise(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """float32 ``q × scale``, broadcast over the input dim."""
-    return q.float() * scale.float()

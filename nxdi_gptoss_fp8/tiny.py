@@ -12,14 +12,10 @@ import torch
 
 from . import format as fmt
 from .quant import quantize_expertwise
+from .tiny_stdlib import TINY_DIMS, TINY_MAX_SHARD_SIZE
 from .writer import CheckpointWriter
 
-TINY_DIMS = fmt.ModelDims(
-    num_hidden_layers=2, num_local_experts=4, hidden_size=64, intermediate_size=64,
-    head_dim=16, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-    num_experts_per_tok=2, sliding_window=8,
-)
-TINY_MAX_SHARD_SIZE = 64_000
+__all__ = ["TINY_DIMS", "TINY_MAX_SHARD_SIZE", "make_tiny", "tiny_tensors"]
 
 
 def _padded(values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:

@@ -22,6 +22,7 @@ from ckpt_edit import (
     shard_of,
 )
 
+from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
 
@@ -119,9 +120,119 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert raised.value.code == 2
 
 
-def test_missing_directory_is_a_finding(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(["validate", str(tmp_path / "absent")], capsys)
-    assert code == 1 and "filesystem.missing_directory" in out and err == ""
+@pytest.mark.parametrize("command", ["validate", "inspect"])
+@pytest.mark.parametrize(("case", "message"), [("absent", "does not exist"), ("file", "is a file, not a directory"),
+                                               ("unreadable", "cannot be listed")])
+def test_unusable_checkpoint_path_is_exit_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch, command: str, case: str,
+                                                        message: str) -> None:
+    path = tmp_path / case
+    if case == "file":
+        path.write_text("{}")
+    if case == "unreadable":
+        path.mkdir()
+        monkeypatch.setattr(cli.os, "access", lambda *a, **k: False)  # root can read anything: simulate
+    code, out, err = run([command, str(path)], capsys)
+    assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_verify_conversion_of_a_missing_checkpoint_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["verify-conversion", str(tmp_path / "absent"), "--source", str(tmp_path)], capsys)
+    assert code == 2 and out == "" and "absent does not exist" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run(["verify-conversion", str(tmp_path), "--source", str(tmp_path / "nosrc")], capsys)
+    assert code == 2 and "nosrc does not exist" in err and len(err.strip().splitlines()) == 1
+
+
+def _run_without(modules: list[str], argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The CLI in a fresh interpreter where ``modules`` cannot be imported."""
+    code = (f"import sys\nfor name in {modules!r}:\n    sys.modules[name] = None\n"
+            f"from nxdi_gptoss_fp8.cli import main\nsys.exit(main({argv!r}))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, check=False)
+
+
+@pytest.mark.parametrize(("missing", "argv", "needed"), [
+    (["torch"], ["make-tiny", "out"], "make-tiny needs torch"),
+    (["torch"], ["make-tiny", "out", "--hf-mxfp4"], "needs torch"),
+    (["safetensors"], ["make-tiny", "out", "--hf-bf16"], "needs safetensors"),
+    (["torch"], ["convert", "SRC", "out"], "convert needs torch"),
+    (["torch"], ["verify-conversion", "SRC", "--source", "SRC"], "verify-conversion needs torch"),
+    (["numpy"], ["validate", "SRC", "--deep"], "validate --deep needs numpy"),
+])
+def test_a_missing_dependency_is_one_line_and_exit_2(tiny_template: Path, tmp_path: Path, missing: list[str],
+                                                     argv: list[str], needed: str) -> None:
+    argv = [str(tiny_template) if arg == "SRC" else arg for arg in argv]
+    result = _run_without(missing, argv, tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and needed in result.stderr and "pip install" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_demo_needs_no_torch_and_says_it_skipped_the_load(tmp_path: Path) -> None:
+    result = _run_without(["torch", "numpy", "safetensors", "tqdm"], ["demo"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "demo succeeded" in result.stdout
+    skipped = [line for line in result.stdout.splitlines() if "skipped the zero-copy load" in line]
+    assert len(skipped) == 1 and "needs torch" in skipped[0]
+    assert result.stdout.count("INVALID") == 3
+
+
+def test_library_deep_preflight_without_numpy_raises_instead_of_a_finding(tmp_path: Path, tiny_template: Path) -> None:
+    code = ("import sys\nsys.modules['numpy'] = None\nfrom nxdi_gptoss_fp8 import preflight, MissingDependencyError\n"
+            f"try:\n    preflight({str(tiny_template)!r}, allow_custom_model=True, deep=True)\n"
+            "except MissingDependencyError as exc:\n    print('raised', exc)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.startswith("raised") and "needs numpy" in result.stdout
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_closed_pipe_exits_quietly(tiny_checkpoint: Path, extra: list[str]) -> None:
+    """``validate X | head -1``, made deterministic: the reader is gone before the first write."""
+    edit_config(tiny_checkpoint, lambda c: c.__setitem__("model_type", "llama"))
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "nxdi_gptoss_fp8.cli", "validate", str(tiny_checkpoint), *extra],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True, check=False)
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == cli.EXIT_BROKEN_PIPE
+
+
+def test_plurals_in_the_verdict(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit_config(tiny_checkpoint, lambda c: c.__setitem__("model_type", "llama"))
+    _, out, _ = run(["validate", str(tiny_checkpoint), "--allow-custom-model"], capsys)
+    assert ": 1 error, 0 warnings; 4 shards, 41 tensors, profile custom; read " in out.splitlines()[-1]
+
+
+def test_an_hf_checkpoint_is_summarized_and_all_lists_everything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nxdi_gptoss_fp8.synthetic import make_source
+
+    src = make_source(tmp_path / "hf", "mxfp4")
+    _, summarized, _ = run(["validate", str(src)], capsys)
+    _, every, _ = run(["validate", str(src), "--all"], capsys)
+    hf_lines = [line for line in summarized.splitlines() if "namespace.hf_name" in line]
+    assert len(hf_lines) == 2  # one per shard
+    assert all(" times (model." in line and ", ...); the first: " in line for line in hf_lines)
+    assert "--all lists every one" in summarized
+    assert sum("namespace.hf_name" in line for line in every.splitlines()) > 30
+    document = json.loads(run(["validate", str(src), "--json"], capsys)[1])
+    assert sum(f["code"] == "namespace.hf_name" for f in document["findings"]) > 30
+
+
+def test_a_damaged_shard_is_one_line(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shard = sorted(tiny_checkpoint.glob("*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    length = int.from_bytes(data[:8], "little")
+    data[8:8 + length] = data[8:8 + length].replace(b"layers.0.feed", b"layers.0.fe\x7fd")
+    shard.write_bytes(bytes(data))
+    code, out, _ = run(["validate", str(tiny_checkpoint), "--allow-custom-model"], capsys)
+    lines = [line for line in out.splitlines() if shard.name in line]
+    assert code == 1 and len(lines) == 1
+    assert "looks corrupted or half-copied" in lines[0] and "--verify-checksums" in lines[0]
+    _, every, _ = run(["validate", str(tiny_checkpoint), "--allow-custom-model", "--all"], capsys)
+    assert sum(shard.name in line for line in every.splitlines()) > 2
 
 
 def test_inspect(tiny_padded_template: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -204,6 +315,33 @@ def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert "demo succeeded" in out
     assert out.count("INVALID") == 3
+    assert "loaded the valid checkpoint through the loader" in out and "mapped 41 tensors" in out
+
+
+def test_make_tiny_creates_the_output_with_the_users_umask(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = os.umask(0o022)
+    try:
+        assert run(["make-tiny", str(tmp_path / "t")], capsys)[0] == 0
+        assert run(["make-tiny", str(tmp_path / "hf"), "--hf-bf16"], capsys)[0] == 0
+    finally:
+        os.umask(old)
+    assert (tmp_path / "t").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "hf").stat().st_mode & 0o777 == 0o755
+
+
+@pytest.mark.parametrize("kind", ["mxfp4", "bf16"])
+def test_make_tiny_hf_source_converts_and_verifies(tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    code, stdout, _ = run(["make-tiny", str(src), f"--hf-{kind}"], capsys)
+    assert code == 0 and f"nxdi-gptoss-fp8 convert {src}" in stdout
+    assert not (src / "original").exists()
+    assert run(["convert", str(src), str(out)], capsys)[0] == 0
+    assert run(["verify-conversion", str(out), "--source", str(src)], capsys)[0] == 0
+    assert run(["validate", str(out), "--allow-custom-model"], capsys)[0] == 0
+    code, _, err = run(["make-tiny", str(src), f"--hf-{kind}"], capsys)
+    assert code == 2 and "--overwrite" in err
+    code, _, err = run(["make-tiny", str(tmp_path / "p"), f"--hf-{kind}", "--padded-hidden-size", "96"], capsys)
+    assert code == 2 and "convert" in err
 
 
 def test_console_script_has_no_traceback_on_garbage(tmp_path: Path) -> None:

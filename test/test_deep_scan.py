@@ -15,6 +15,7 @@ from corpus import Ckpt, Tensor
 from nxdi_gptoss_fp8 import deep_scan as ds
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.checks import preflight
+from nxdi_gptoss_fp8.errors import MissingDependencyError
 from nxdi_gptoss_fp8.findings import PreflightReport, Severity
 from nxdi_gptoss_fp8.safetensors_header import read_header
 
@@ -249,7 +250,10 @@ def test_first_padding_coordinate_is_the_earliest_in_memory_order(padded: Path) 
     assert "has 3 non-zero values" in finding.message and f"first at [0, 2, {IP + IM + 1}]" in finding.message
 
 
-def test_without_numpy_the_deep_scan_fails_closed(tiny_template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_numpy_the_deep_scan_is_an_environment_error(tiny_template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ds, "np", None)
-    report = deep(tiny_template)
-    assert [f.code for f in report.errors] == ["values.deep_scan_unavailable"]
+    with pytest.raises(MissingDependencyError, match="needs numpy, which is not installed"):
+        deep(tiny_template)
+    report = preflight(tiny_template, allow_custom_model=True)
+    with pytest.raises(MissingDependencyError):
+        ds.deep_scan(report.view, report)

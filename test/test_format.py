@@ -99,7 +99,6 @@ def test_sidecar_key_helpers() -> None:
     weight = f"layers.1.{fmt.DOWN}.weight"
     assert fmt.scale_key_for(weight) == f"layers.1.{fmt.DOWN}.scale"
     assert fmt.weight_key_for(fmt.scale_key_for(weight)) == weight
-    assert fmt.is_expert_weight(weight) and fmt.is_expert_scale(f"layers.1.{fmt.DOWN}.scale")
+    assert fmt.is_expert_scale(f"layers.1.{fmt.DOWN}.scale") and not fmt.is_expert_scale(weight)
     assert fmt.is_stray_scale("layers.0.self_attn.q_proj.weight_scale")
     assert not fmt.is_stray_scale(f"layers.1.{fmt.DOWN}.scale")
-    assert len(fmt.expert_pairs(fmt.Layout.unpadded(fmt.PROFILES[fmt.PROFILE_20B]))) == 48

@@ -1,0 +1,50 @@
+"""Optional dependencies, imported on demand with a one-line error when they are missing.
+
+The validator needs only the standard library; ``--deep`` needs numpy; loading, converting
+and ``make-tiny`` need torch and safetensors; the NxDI hook needs NxDI (installed with the
+Neuron SDK). ``require`` turns a missing one into ``MissingDependencyError``, which names the
+package, what needs it and how to install it (the CLI prints it and exits 2). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from .errors import MissingDependencyError
+
+CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+INSTALL_HINTS = {
+    "torch": f"install torch first (CPU-only build: {CPU_TORCH}; on a Neuron host use the torch that torch-neuronx installed)",
+    "safetensors": "pip install safetensors (or: pip install 'nxdi-gptoss-fp8[torch]')",
+    "numpy": "pip install numpy (or: pip install 'nxdi-gptoss-fp8[torch]')",
+    "tqdm": "pip install tqdm",
+}
+# Root module names whose absence is an environment problem, not a bug in this package.
+OPTIONAL = frozenset(INSTALL_HINTS) | {"neuronx_distributed_inference", "neuronx_distributed", "torch_neuronx"}
+
+
+def missing(name: str, purpose: str) -> MissingDependencyError:
+    """The error for module ``name`` missing when ``purpose`` needs it."""
+    root = name.split(".")[0]
+    hint = INSTALL_HINTS.get(root, "it comes with the AWS Neuron SDK: run this on a Neuron host (see the README)")
+    return MissingDependencyError(f"{purpose} needs {root}, which is not installed here: {hint}")
+
+
+def require(name: str, purpose: str) -> ModuleType:
+    """Import module ``name``, or raise ``MissingDependencyError`` saying that ``purpose`` needs it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if (exc.name or name).split(".")[0] != name.split(".")[0]:
+            raise  # the package is there but something it imports is broken: not ours to hide
+        raise missing(name, purpose) from None
+
+
+def available(name: str) -> bool:
+    """Whether module ``name`` can be imported (imports it)."""
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
