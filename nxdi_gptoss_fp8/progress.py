@@ -33,19 +33,19 @@ class Progress:
         unit: ``"B"`` (shown in decimal units: kB, MB, GB) or a word ("layer").
         show: None shows a bar on a terminal and plain lines elsewhere; False shows nothing;
             True shows a bar even when stderr is not a terminal.
-        interval_s: seconds between plain lines (and before the first one).
+        interval_s: seconds between plain lines, and before the first one (default ``INTERVAL_S``).
         stream: where to write (default ``sys.stderr``).
     """
 
     def __init__(self, total: int, desc: str, *, unit: str = "B", show: bool | None = None,
-                 interval_s: float = INTERVAL_S, stream: TextIO | None = None) -> None:
+                 interval_s: float | None = None, stream: TextIO | None = None) -> None:
         self.total, self.desc, self.unit = total, desc, unit
         self.done = 0
         self.stream = stream if stream is not None else sys.stderr
-        self.interval_s = interval_s
+        self.interval_s = INTERVAL_S if interval_s is None else interval_s
         self._lock = threading.Lock()
         self._started = time.monotonic()
-        self._next_line = self._started + interval_s
+        self._next_line = self._started + self.interval_s
         self._bar: Any = None
         self._lines = False
         if show is False or total <= 0:

@@ -311,14 +311,18 @@ def _hidden_prefix(out: str, kind: str) -> str:
     return f".{os.path.basename(out)}.{kind}-"
 
 
+def host_tag() -> str:
+    """This host's name as it appears in temporary directory names (no dashes: they separate fields)."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:64] or "host"
+
+
 def _make_private_dir(out: str, kind: str) -> str:
     """A new hidden directory beside ``out`` named ``.OUT.KIND-HOST-PID-RANDOM``: created with the
     user's umask (like any directory the user makes), and naming its owner so that a later run
     can tell a dead run's leftovers from a live one's."""
     parent = os.path.dirname(out) or "."
-    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:64] or "host"
     for _ in range(100):
-        path = os.path.join(parent, f"{_hidden_prefix(out, kind)}{host}-{os.getpid()}-{secrets.token_hex(4)}")
+        path = os.path.join(parent, f"{_hidden_prefix(out, kind)}{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}")
         try:
             os.mkdir(path, 0o777)  # the umask applies: 0755 with the usual 022
             return path
@@ -331,7 +335,7 @@ def _owner_alive(name: str, prefix: str) -> bool:
     """Whether the run that created ``name`` (``PREFIX HOST-PID-RANDOM``) may still be running.
     Directories of other hosts (a shared filesystem) and names we cannot read count as alive."""
     match = re.fullmatch(r"(.+)-(\d+)-[0-9a-f]+", name[len(prefix):])
-    if match is None or match[1] != re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:64]:
+    if match is None or match[1] != host_tag():
         return True
     try:
         os.kill(int(match[2]), 0)

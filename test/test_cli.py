@@ -358,3 +358,14 @@ def test_import_is_light() -> None:
     code = "import sys, nxdi_gptoss_fp8, nxdi_gptoss_fp8.cli; print(sorted(m for m in ('torch', 'neuronx_distributed_inference', 'numpy', 'safetensors') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_make_tiny_names_and_removes_a_dead_runs_partial_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nxdi_gptoss_fp8.writer import host_tag
+
+    partial = tmp_path / f".t.partial-{host_tag()}-999999999-00ff"
+    partial.mkdir()
+    (partial / "model-00001-of-00002.safetensors").write_bytes(bytes(5000))
+    code, _, err = run(["make-tiny", str(tmp_path / "t")], capsys)
+    assert code == 0 and not partial.exists()
+    assert err == f"nxdi-gptoss-fp8: removed {partial} (5.00 kB) left by an interrupted run\n"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import re
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +74,21 @@ def test_updates_from_threads_add_up() -> None:
     for thread in threads:
         thread.join()
     assert progress.done == 8_000
+
+
+@pytest.fixture
+def every_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain progress lines at every update instead of every few seconds."""
+    monkeypatch.setattr(progress_module, "INTERVAL_S", 0.0)
+
+
+def test_deep_scan_checksums_and_writer_hashing_report_progress_off_a_terminal(
+        every_update: None, tiny_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nxdi_gptoss_fp8 import preflight
+    from nxdi_gptoss_fp8.tiny_stdlib import make_tiny_stdlib
+
+    assert preflight(tiny_template, allow_custom_model=True, deep=True, verify_checksums=True).ok
+    make_tiny_stdlib(tmp_path / "t")
+    err = capsys.readouterr().err
+    for desc in ("deep scan", "sha256", "sha256 shards"):
+        assert re.search(rf"^{desc}: [\d.]+ [k]?B of [\d.]+ [k]?B \(\d+%\), ", err, re.MULTILINE), (desc, err)

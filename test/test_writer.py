@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,7 @@ from safetensors import safe_open
 from nxdi_gptoss_fp8 import ConversionError, preflight
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.tiny import TINY_DIMS, make_tiny, tiny_tensors
-from nxdi_gptoss_fp8.writer import CheckpointWriter, build_header, parse_size, plan_shards
+from nxdi_gptoss_fp8.writer import CheckpointWriter, build_header, host_tag, parse_size, plan_shards, stale_partials
 
 
 def test_tiny_checkpoint_reads_back_exactly_with_safetensors(tmp_path: Path) -> None:
@@ -140,3 +144,70 @@ def test_same_inputs_give_identical_bytes(tmp_path: Path) -> None:
     a, b = make_tiny(tmp_path / "a", seed=1), make_tiny(tmp_path / "b", seed=1)
     for name in sorted(os.listdir(a)):
         assert Path(a, name).read_bytes() == Path(b, name).read_bytes(), name
+
+
+def _killed_writer(out: Path) -> Path:
+    """Start a write of ``out`` in another process, SIGKILL it mid-way; the partial directory it left."""
+    code = (
+        "import sys, time\n"
+        "from nxdi_gptoss_fp8 import format as fmt\n"
+        "from nxdi_gptoss_fp8.tiny_stdlib import TINY_DIMS\n"
+        "from nxdi_gptoss_fp8.writer import CheckpointWriter\n"
+        "layout = fmt.Layout.unpadded(TINY_DIMS)\n"
+        f"with CheckpointWriter({str(out)!r}, layout, 'custom', fmt.hf_config(TINY_DIMS)) as writer:\n"
+        "    writer.put('norm.weight', bytes(2 * TINY_DIMS.hidden_size))\n"
+        "    print(writer.tmp, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    partial = Path(child.stdout.readline().strip())
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL and partial.is_dir()
+    return partial
+
+
+def test_a_killed_runs_partial_directory_is_named_and_removed_by_the_next_run(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    out = tmp_path / "out"
+    partial = _killed_writer(out)
+    assert partial.name.startswith(".out.partial-") and not out.exists()
+    assert stale_partials(out) == [str(partial)]
+    with caplog.at_level(logging.WARNING, logger="nxdi_gptoss_fp8"):
+        make_tiny(out)
+    assert not partial.exists() and preflight(out, allow_custom_model=True).ok
+    (message,) = [r.getMessage() for r in caplog.records if "interrupted run" in r.getMessage()]
+    assert str(partial) in message and "removed" in message and " kB" in message
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_live_runs_partial_directory_is_left_alone(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with CheckpointWriter(out, fmt.Layout.unpadded(TINY_DIMS), "custom", fmt.hf_config(TINY_DIMS)) as writer:
+        assert writer.tmp is not None
+        assert stale_partials(out) == []  # our own (alive) process
+        (tmp_path / ".out.partial-otherhost-1-00ff").mkdir()  # another host's run: cannot tell, keep it
+        dead_here = tmp_path / f".out.partial-{host_tag()}-999999999-00ff"
+        dead_here.mkdir()
+        assert stale_partials(out) == [str(dead_here)]
+
+
+def test_an_interrupted_overwrite_names_the_previous_output_and_keeps_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    out = tmp_path / "out"
+    old = tmp_path / f".out.old-{host_tag()}-999999999-00ff"
+    (old / "old").mkdir(parents=True)
+    with caplog.at_level(logging.WARNING, logger="nxdi_gptoss_fp8"):
+        make_tiny(out)
+    assert (old / "old").is_dir()
+    assert f"{old} holds the previous out" in caplog.text and "move" in caplog.text
+
+
+def test_output_directory_follows_the_umask(tmp_path: Path) -> None:
+    previous = os.umask(0o027)
+    try:
+        out = make_tiny(tmp_path / "t")
+    finally:
+        os.umask(previous)
+    assert os.stat(out).st_mode & 0o777 == 0o750
