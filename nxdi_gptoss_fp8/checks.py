@@ -1,5 +1,5 @@
 """The fail-closed preflight: decide from the files alone whether a directory is a valid
-normalized static-FP8 GPT-OSS checkpoint (format §6), collecting every finding.
+normalized static-FP8 GPT-OSS checkpoint (docs/format.md), collecting every finding.
 
 Reads only ``config.json``, the index, each shard's header and the expert scale tensors
 (small); never a weight byte. Stdlib only, so it runs on any host. Data flows one way:
@@ -84,7 +84,7 @@ def preflight(
     deep: bool = False,
     verify_checksums: bool = False,
 ) -> PreflightReport:
-    """Check the checkpoint directory ``path`` against the normalized-FP8 contract.
+    """Check the checkpoint directory ``path`` against the normalized-FP8 format (docs/format.md).
 
     Args:
         path: the checkpoint directory.
@@ -714,7 +714,7 @@ def _positive_int(value: Any, default: int) -> int | None:
 
 
 def check_neuron_config(view: CheckpointView, report: PreflightReport, neuron_config: Any) -> None:
-    """The ``neuron_config`` checks of format §6: what NxDI needs to run this checkpoint."""
+    """The ``neuron_config`` checks (docs/format.md, Findings by check): what NxDI needs to run this checkpoint."""
     nc = neuron_config_view(neuron_config)
     add = report.add
     if not config_attr(nc, "quantized", False):

@@ -30,7 +30,7 @@ class Severity(str, Enum):
     INFO = "info"
 
 
-# The check categories of the format's §6, in the order the preflight runs them.
+# The check categories (docs/format.md, Findings by check), in the order the preflight runs them.
 CHECKS = (
     "filesystem",
     "index",

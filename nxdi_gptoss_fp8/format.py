@@ -1,8 +1,8 @@
 """The normalized static-FP8 GPT-OSS checkpoint format, version 1, as code.
 
-This module is the single source of truth for the contract in
-``normalized-fp8-format.md``: the index metadata, the model profiles and the exact tensor
-namespace (names, shapes, dtypes) that a checkpoint must hold. The preflight, the loader and
+This module is the single source of truth for the format described in ``docs/format.md``:
+the index metadata, the model profiles and the exact tensor namespace (names, shapes, dtypes)
+that a checkpoint must hold. The preflight, the loader and
 the converter all derive what they expect from here. Stdlib only.
 """
 
@@ -200,7 +200,7 @@ def global_specs(layout: Layout) -> list[TensorSpec]:
 
 
 def layer_specs(layout: Layout, layer: int) -> list[TensorSpec]:
-    """The 19 tensors of decoder layer ``layer``, in the order of the format's §3 table."""
+    """The 19 tensors of decoder layer ``layer``, in the order of the namespace table of docs/format.md."""
     d, hp, ip = layout.dims, layout.padded_hidden_size, layout.padded_intermediate_size
     q, kv, e = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.num_local_experts
     rows = [
@@ -257,7 +257,7 @@ def is_expert_scale(key: str) -> bool:
     return key.endswith((f"{GATE_UP}.scale", f"{DOWN}.scale"))
 
 
-# Entries NxDI's conversion derives from the runtime config (format §4): never stored.
+# Entries NxDI's conversion derives from the runtime config (docs/format.md, Entries that are never stored): never stored.
 _DERIVED_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^rank_util\.rank$"), "derived from tp_degree"),
     (re.compile(r"^layers\.\d+\.self_attn\.rank_util\.rank$"), "derived from tp_degree"),
@@ -318,7 +318,7 @@ def is_stray_scale(key: str) -> bool:
     return "scale" in key.rsplit(".", 1)[-1] and not is_expert_scale(key)
 
 
-# Index metadata (format §2): field → required type. Optional fields are listed separately.
+# Index metadata (docs/format.md, Index metadata): field → required type. Optional fields are listed separately.
 REQUIRED_METADATA: dict[str, type] = {
     "format": str,
     "format_version": int,

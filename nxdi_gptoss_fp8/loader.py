@@ -15,9 +15,9 @@ Like any mmap loader, a mapping still shows later writes to the file and a trunc
 reader (SIGBUS). Two opt-ins (``LoadPolicy``) cover checkpoints that may change while loading:
 verifying ``shard_sha256`` over the mapped bytes, and reading the shards into private memory.
 
-Then the runtime-derived entries of the format's §4 are synthesized exactly as NxDI's GPT-OSS
-conversion (HF branch, BF16 compute) would for the given NeuronConfig, and every tensor is
-already in the dtype NxDI's ``checkpoint_loader_fn`` would cast it to, so its ``_cast_helper``
+Then the runtime-derived entries (docs/format.md, "Entries that are never stored") are
+synthesized exactly as NxDI's GPT-OSS conversion (HF branch, BF16 compute) would for the given
+NeuronConfig, and every tensor is already in the dtype NxDI's ``checkpoint_loader_fn`` would cast it to, so its ``_cast_helper``
 finds nothing to copy. Requires torch.
 """
 
@@ -215,7 +215,7 @@ class LoadedCheckpoint:
         lines = [
             f"mapped {len(self.mapped)} tensors ({self.mapped_bytes:,} bytes) from {self.shards} shards "
             f"{how}: {dtypes}",
-            f"derived {len(self.derived)} runtime entries (format §4): "
+            f"derived {len(self.derived)} runtime entries (docs/format.md, Entries that are never stored): "
             + ", ".join(_summarize_keys(self.derived)),
             f"copied {self.copied_bytes:,} bytes in total (derived entries"
             + (f", {len(self.cast)} dtype casts" if self.cast else "") + ")",
@@ -362,7 +362,7 @@ def _add_derived(result: LoadedCheckpoint, key: str, tensor: torch.Tensor) -> No
 def _finalize(stored: Mapping[str, torch.Tensor], layout: fmt.Layout, options: RuntimeOptions,
               result: LoadedCheckpoint, fused_views: Mapping[str, torch.Tensor] | None = None) -> None:
     """Fill ``result.state_dict`` with the stored tensors (in their final dtype) and the derived
-    entries, in the order NxDI's HF conversion produces them (format §4, contract b.1)."""
+    entries, in the order NxDI's HF conversion produces them (docs/format.md, Entries that are never stored)."""
     sd = result.state_dict
     for name, tensor in stored.items():
         dtype = options.final_dtype(name, tensor.dtype)

@@ -1,7 +1,7 @@
 """Expert-wise, per-output-channel symmetric FP8-E4M3 quantization within Neuron's ±240.
 
 ``W[e, :, c] ≈ float(q[e, :, c]) × scale[e, 0, c]`` with ``|q| ≤ 240``: the layout NxD's
-``expert_wise_per_channel_symmetric`` layers consume (format §3). Requires torch.
+``expert_wise_per_channel_symmetric`` layers consume (docs/format.md, Layout rules). Requires torch.
 """
 
 from __future__ import annotations
