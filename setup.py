@@ -1,23 +1,32 @@
 """Packaging for nxdi-gptoss-fp8. The validator needs nothing but the standard library;
-loading and converting need torch (install the pinned CPU build first, see README)."""
+loading, converting and make-tiny need torch (install the build you need first, see the
+README's Install section); running a model needs the AWS Neuron SDK, which this package never
+installs."""
 
 from setuptools import find_packages, setup
 
 setup(
     name="nxdi-gptoss-fp8",
-    version="0.1.0",
+    version="0.2.0",
     description="Fail-closed validation, zero-copy loading and conversion of normalized static-FP8 "
     "GPT-OSS checkpoints for AWS NeuronX Distributed Inference",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    author="the nxdi-gptoss-fp8 authors",
+    license="Apache-2.0",
+    url="https://github.com/nxdi-gptoss-fp8/nxdi-gptoss-fp8",
+    project_urls={
+        "Format": "https://github.com/nxdi-gptoss-fp8/nxdi-gptoss-fp8/blob/main/docs/format.md",
+        "Changelog": "https://github.com/nxdi-gptoss-fp8/nxdi-gptoss-fp8/blob/main/CHANGELOG.md",
+    },
     python_requires=">=3.10",
     packages=find_packages(include=["nxdi_gptoss_fp8", "nxdi_gptoss_fp8.*"]),
     package_data={"nxdi_gptoss_fp8": ["py.typed"]},
     install_requires=[],
     extras_require={
-        # torch is not pinned here: install the build you need first (CPU: torch==2.13.0).
+        # install the torch build you need first (CPU index, or torch-neuronx's on a Neuron host):
+        # an installed torch >= 2.1 satisfies these, otherwise pip takes the index's default build.
         "torch": ["torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60"],
-        "neuron": ["neuronx-distributed", "torch-neuronx"],
         # converting from a Hub repo id (`convert openai/gpt-oss-120b OUT`)
         "hub": ["huggingface_hub>=0.20"],
         # selfcheck / check-forward: transformers' GptOssForCausalLM is the reference model
@@ -25,6 +34,8 @@ setup(
         "test": [
             "torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60",
             "pytest>=7.4", "hypothesis>=6.80", "ruff>=0.4", "huggingface_hub>=0.20",
+            # imported by NxDI's own modules in test/test_nxdi_conformance.py (NXDI_SRC)
+            "transformers>=4.55",
         ],
     },
     entry_points={
@@ -32,7 +43,11 @@ setup(
         "vllm.general_plugins": ["nxdi_gptoss_fp8 = nxdi_gptoss_fp8.vllm_plugin:register_plugin"],
     },
     classifiers=[
+        "License :: OSI Approved :: Apache Software License",
         "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
 )
