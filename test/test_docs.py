@@ -1,0 +1,67 @@
+"""The README's Python example runs as written; docs/format.md matches the code it describes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.findings import CHECKS
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+FORMAT_DOC = (ROOT / "docs" / "format.md").read_text(encoding="utf-8")
+
+
+def section_code(text: str, heading: str, language: str) -> str:
+    """The first ```language block after ``heading``."""
+    start = text.index(heading)
+    match = re.search(rf"```{language}\n(.*?)```", text[start:], re.DOTALL)
+    assert match is not None, f"no {language} block after {heading!r}"
+    return match.group(1)
+
+
+def test_the_from_python_example_runs_as_pasted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nxdi_gptoss_fp8.tiny import make_tiny
+
+    snippet = section_code(README, "### From Python", "python")
+    assert "nxdi-gptoss-fp8 make-tiny tiny-fp8" in README[README.index("### From Python"):]
+    monkeypatch.chdir(tmp_path)
+    make_tiny("tiny-fp8")  # what `nxdi-gptoss-fp8 make-tiny tiny-fp8` writes
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(snippet, "README.md", "exec"), {"__name__": "__readme__"})
+    assert out.getvalue().startswith("True {'errors': 0")
+
+
+def test_the_first_screen_starts_with_a_virtualenv_and_needs_no_torch_for_the_demo() -> None:
+    first = section_code(README, "# nxdi-gptoss-fp8", "bash")
+    commands = [line for line in first.splitlines() if line and not line.startswith("#")]
+    assert commands[0].startswith("python3 -m venv .venv && . .venv/bin/activate && ")
+    assert "torch" not in commands[0] and commands[0].endswith("nxdi-gptoss-fp8 demo")
+
+
+def test_the_format_document_lists_every_tensor_and_every_check() -> None:
+    layout = fmt.Layout.unpadded(fmt.PROFILES[fmt.PROFILE_20B])
+    expert = "feed_forward.moe.expert_mlps.mlp_op."
+    for spec in fmt.layer_specs(layout, 0):
+        name = spec.name.removeprefix("layers.0.").replace(expert, "experts.")
+        stem, last = name.rsplit(".", 1)
+        assert f"`{name}`" in FORMAT_DOC or f"`{stem}.weight`, `.{last}`" in FORMAT_DOC, name
+    for spec in fmt.global_specs(layout):
+        assert f"`{spec.name}`" in FORMAT_DOC
+    for check in CHECKS:
+        assert f"| `{check}` |" in FORMAT_DOC
+    for field in fmt.REQUIRED_METADATA:
+        assert f"| `{field}` |" in FORMAT_DOC
+
+
+def test_package_messages_point_at_the_projects_own_document() -> None:
+    for path in (ROOT / "nxdi_gptoss_fp8").glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert "§" not in text and "nxdi-contract" not in text and "normalized-fp8-format" not in text, path.name
+    assert "](docs/format.md" in README
