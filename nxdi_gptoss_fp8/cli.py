@@ -44,7 +44,8 @@ def _checkpoint_dir(path: str, what: str = "the checkpoint directory") -> str:
 
 
 def _needs(purpose: str, *modules: str) -> None:
-    """Fail at once, in one line, when a module ``purpose`` needs is missing (exit 2)."""
+    """Fail at once, in one line, when a module is missing that the command (or its option
+    ``purpose``, e.g. "--deep") needs (exit 2)."""
     for module in modules:
         require(module, purpose)
 
@@ -67,7 +68,7 @@ def _load_neuron_config(path: str | None) -> dict[str, Any] | None:
 def _cmd_validate(args: argparse.Namespace) -> int:
     _checkpoint_dir(args.path)
     if args.deep:
-        _needs("validate --deep", "numpy")
+        _needs("--deep", "numpy")
     neuron_config = _load_neuron_config(args.neuron_config)
     report = preflight(
         args.path,
@@ -112,7 +113,7 @@ def _dims(args: argparse.Namespace, defaults: fmt.ModelDims) -> fmt.ModelDims:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     if args.hf is not None:
         return _make_tiny_source(args)
-    _needs("make-tiny", "torch")
+    _needs("", "torch")
     from .tiny import TINY_DIMS, make_tiny
 
     dims = _dims(args, TINY_DIMS)
@@ -132,7 +133,7 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
 
 def _make_tiny_source(args: argparse.Namespace) -> int:
     """``make-tiny --hf-mxfp4`` / ``--hf-bf16``: a tiny synthetic HF source to try ``convert`` on."""
-    _needs(f"make-tiny --hf-{args.hf}", "torch", "safetensors")
+    _needs(f"--hf-{args.hf}", "torch", "safetensors")
     from .synthetic import SOURCE_DIMS, make_source
     from .writer import prepare_output
 
@@ -186,7 +187,7 @@ def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None)
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    _needs("convert", "torch", "safetensors")
+    _needs("", "torch", "safetensors")
     from .convert import convert
     from .errors import ConversionError
     from .hub import companion_files
@@ -208,7 +209,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _cmd_verify_conversion(args: argparse.Namespace) -> int:
     _checkpoint_dir(args.out, "OUT, the converted checkpoint directory")
-    _needs("verify-conversion", "torch", "safetensors")
+    _needs("", "torch", "safetensors")
     from .errors import ConversionError
     from .verify import verify_conversion
 
@@ -468,7 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:  # an optional package that a lazy import needed
         if debug or (exc.name or "").split(".")[0] not in OPTIONAL:
             raise
-        print(f"nxdi-gptoss-fp8 {args.command}: {missing(exc.name or '', args.command)}", file=sys.stderr)
+        print(f"nxdi-gptoss-fp8 {args.command}: {missing(exc.name or '')}", file=sys.stderr)
         return EXIT_USAGE
     except NxdiGptossFp8Error as exc:
         if debug:

@@ -24,14 +24,15 @@ INSTALL_HINTS = {
 OPTIONAL = frozenset(INSTALL_HINTS) | {"neuronx_distributed_inference", "neuronx_distributed", "torch_neuronx"}
 
 
-def missing(name: str, purpose: str) -> MissingDependencyError:
-    """The error for module ``name`` missing when ``purpose`` needs it."""
+def missing(name: str, purpose: str = "") -> MissingDependencyError:
+    """The error for module ``name`` missing when ``purpose`` (e.g. "the deep scan"; empty: the
+    command the message is printed for) needs it."""
     root = name.split(".")[0]
     hint = INSTALL_HINTS.get(root, "it comes with the AWS Neuron SDK: run this on a Neuron host (see the README)")
-    return MissingDependencyError(f"{purpose} needs {root}, which is not installed here: {hint}")
+    return MissingDependencyError(f"{purpose + ' ' if purpose else ''}needs {root}, which is not installed here: {hint}")
 
 
-def require(name: str, purpose: str) -> ModuleType:
+def require(name: str, purpose: str = "") -> ModuleType:
     """Import module ``name``, or raise ``MissingDependencyError`` saying that ``purpose`` needs it."""
     try:
         return importlib.import_module(name)

@@ -243,7 +243,7 @@ def _summarized_lines(ordered: Sequence[Finding], damaged: dict[str, Finding]) -
         if code == "damaged" and file is not None:
             cause = damaged[file]
             why = "its tensor names differ from the index's" if cause.code.startswith("ownership.") else cause.message
-            why = why.removeprefix(f"{file}: ")
+            why = why.removeprefix(f"{file}: ").removesuffix(" (truncated or half-copied file)")
             count = f"; {plural(len(members), 'finding')} in this shard" if len(members) > 1 else ""
             lines.append(
                 f"ERROR {cause.code} [{file}]: {file} looks corrupted or half-copied ({why}{count}): copy it "

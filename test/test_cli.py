@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -151,12 +152,12 @@ def _run_without(modules: list[str], argv: list[str], cwd: Path) -> subprocess.C
 
 
 @pytest.mark.parametrize(("missing", "argv", "needed"), [
-    (["torch"], ["make-tiny", "out"], "make-tiny needs torch"),
-    (["torch"], ["make-tiny", "out", "--hf-mxfp4"], "needs torch"),
-    (["safetensors"], ["make-tiny", "out", "--hf-bf16"], "needs safetensors"),
-    (["torch"], ["convert", "SRC", "out"], "convert needs torch"),
-    (["torch"], ["verify-conversion", "SRC", "--source", "SRC"], "verify-conversion needs torch"),
-    (["numpy"], ["validate", "SRC", "--deep"], "validate --deep needs numpy"),
+    (["torch"], ["make-tiny", "out"], "nxdi-gptoss-fp8 make-tiny: needs torch, which is not installed here"),
+    (["torch"], ["make-tiny", "out", "--hf-mxfp4"], "make-tiny: --hf-mxfp4 needs torch"),
+    (["safetensors"], ["make-tiny", "out", "--hf-bf16"], "make-tiny: --hf-bf16 needs safetensors"),
+    (["torch"], ["convert", "SRC", "out"], "convert: needs torch"),
+    (["torch"], ["verify-conversion", "SRC", "--source", "SRC"], "verify-conversion: needs torch"),
+    (["numpy"], ["validate", "SRC", "--deep"], "validate: --deep needs numpy"),
 ])
 def test_a_missing_dependency_is_one_line_and_exit_2(tiny_template: Path, tmp_path: Path, missing: list[str],
                                                      argv: list[str], needed: str) -> None:
@@ -369,3 +370,18 @@ def test_make_tiny_names_and_removes_a_dead_runs_partial_output(tmp_path: Path, 
     code, _, err = run(["make-tiny", str(tmp_path / "t")], capsys)
     assert code == 0 and not partial.exists()
     assert err == f"nxdi-gptoss-fp8: removed {partial} (5.00 kB) left by an interrupted run\n"
+
+
+def test_an_optional_module_missing_deep_inside_a_command_is_one_line(
+        tiny_template: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def needs(name: str) -> Any:
+        def handler(args: Any) -> int:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return handler
+
+    monkeypatch.setattr(cli, "_cmd_inspect", needs("safetensors"))
+    code, out, err = run(["inspect", str(tiny_template)], capsys)
+    assert code == 2 and out == "" and err.startswith("nxdi-gptoss-fp8 inspect: needs safetensors, which is not installed")
+    monkeypatch.setattr(cli, "_cmd_inspect", needs("no_such_helper"))  # our own bug: not hidden
+    with pytest.raises(ModuleNotFoundError):
+        main(["inspect", str(tiny_template)])

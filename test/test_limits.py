@@ -130,10 +130,14 @@ def test_a_million_tiny_tensors(tiny_checkpoint: Path) -> None:
         result["codes"] = sorted(set(report.codes()))
         result["tensors"] = report.tensors
         result["lines"] = len(text.splitlines())
+        result["summarized"] = "namespace.unexpected_key [extra.safetensors]: 1,000,000 times (t0, t1, t2, ...)" in text
+        result["capped_lines"] = len(report.render_text(limit=50, summarize=False).splitlines())
     """, path=str(tiny_checkpoint))
     assert result["codes"] == ["index.total_size_mismatch", "integrity.no_digests", "namespace.unexpected_key"]
     assert result["errors"] == count + 1 and result["tensors"] == count + 41
-    assert result["lines"] == 52  # 50 findings, "... and N more", the verdict
+    # total_size, the million in one line, the summary note, no_digests, the verdict
+    assert result["lines"] == 5 and result["summarized"], result
+    assert result["capped_lines"] == 52  # unsummarized: 50 findings, "... and N more lines", the verdict
     assert result["elapsed_s"] < 120, result
     assert result["peak_mb"] < 3 * 1024, result
 
