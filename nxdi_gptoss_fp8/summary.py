@@ -12,6 +12,7 @@ from typing import Any
 from . import recognize as rz
 from .checks import CheckpointView, preflight
 from .findings import PreflightReport
+from .units import format_bytes
 
 INSPECT_FINDINGS_LIMIT = 10
 
@@ -70,12 +71,7 @@ class CheckpointSummary:
 
 
 def _human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{size} B"
-        value /= 1024
-    return f"{size} B"
+    return format_bytes(size)  # decimal, as everywhere in the CLI
 
 
 def inspect_checkpoint(path: str | os.PathLike[str], *, allow_custom_model: bool = False) -> CheckpointSummary:
