@@ -6,7 +6,10 @@ offset as soon as it is ready: memory never holds more than the caller's chunk. 
 goes into a hidden temporary directory beside the output; ``commit`` checks that every byte
 was written, copies the extra files (tokenizer, generation config), writes ``config.json`` and
 the index last, and renames the directory into place.
-An interrupted write therefore never leaves a directory that passes the preflight.
+An interrupted write therefore never leaves a directory that passes the preflight. The hidden
+directory is named ``.OUT.partial-HOST-PID-RANDOM`` and created with the user's umask; when a
+run is killed outright (SIGKILL, out of memory) and leaves it behind, the next writer of the
+same OUT removes it once that process is gone, and logs what it removed.
 """
 
 from __future__ import annotations
@@ -156,7 +159,8 @@ class CheckpointWriter:
             writer.commit()
 
     Leaving the block without ``commit`` (an exception, a kill) removes the temporary
-    directory when it can; a directory left by a kill has no index and is hidden.
+    directory when it can; a directory left by a kill has no index, is hidden, and is removed
+    by the next writer of the same output (``remove_stale_partials``).
     """
 
     def __init__(
