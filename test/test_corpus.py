@@ -91,14 +91,23 @@ def cli_argv(path: Path, options: Options, workdir: Path) -> list[str]:
     return argv
 
 
+# A path that is not a directory is a usage error on the command line (exit 2, one line); the
+# library reports it as a filesystem finding.
+USAGE_CASES = {"missing_directory", "path_is_a_file"}
+
+
 @pytest.mark.parametrize(("name", "check"), PARAMS, ids=IDS)
 def test_cli_exits_1_without_traceback(built: Callable[[str], tuple[Path, Options]], tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str], name: str, check: str) -> None:
     path, options = built(name)
-    assert cli.main(cli_argv(path, options, tmp_path)) == cli.EXIT_FINDINGS
+    code = cli.main(cli_argv(path, options, tmp_path))
     out, err = capsys.readouterr()
     assert "Traceback" not in err
-    assert f"ERROR {check}." in out
+    if name in USAGE_CASES:
+        assert code == cli.EXIT_USAGE and out == "" and len(err.strip().splitlines()) == 1
+    else:
+        assert code == cli.EXIT_FINDINGS
+        assert f"ERROR {check}." in out
 
 
 # One case per kind of input the command line prints (and the names from disk that are not
@@ -114,9 +123,12 @@ def test_cli_process_exits_1_without_traceback(built: Callable[[str], tuple[Path
     env.pop(fmt.ALLOW_CUSTOM_ENV, None)
     done = subprocess.run([sys.executable, "-m", "nxdi_gptoss_fp8.cli", *cli_argv(path, options, tmp_path)],
                           capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
-    assert "INVALID" in done.stdout
+    if name in USAGE_CASES:
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    else:
+        assert done.returncode == 1, done.stderr
+        assert "INVALID" in done.stdout
 
 
 @pytest.mark.skipif(not HAS_LOADER, reason="nxdi_gptoss_fp8.loader is missing: the loader cannot be tested")

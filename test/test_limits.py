@@ -130,7 +130,7 @@ def test_a_million_tiny_tensors(tiny_checkpoint: Path) -> None:
         result["codes"] = sorted(set(report.codes()))
         result["tensors"] = report.tensors
         result["lines"] = len(text.splitlines())
-        result["summarized"] = "namespace.unexpected_key [extra.safetensors]: 1,000,000 times (t0, t1, t2, ...)" in text
+        result["summarized"] = "ERROR namespace.unexpected_key [extra.safetensors]: 1,000,000 times (t" in text
         result["capped_lines"] = len(report.render_text(limit=50, summarize=False).splitlines())
     """, path=str(tiny_checkpoint))
     assert result["codes"] == ["index.total_size_mismatch", "integrity.no_digests", "namespace.unexpected_key"]

@@ -168,4 +168,4 @@ def test_cli_verify_conversion(sources: dict[str, Path], tmp_path: Path, monkeyp
     document = json.loads(capsys.readouterr().out)
     assert document["ok"] is False and document["violations"] > 0
     assert main(["verify-conversion", str(tmp_path / "good"), "--source", str(tmp_path / "nowhere")]) == 2
-    assert "is not a directory" in capsys.readouterr().err
+    assert "nowhere does not exist" in capsys.readouterr().err
