@@ -378,18 +378,21 @@ def remove_stale_partials(out: str | os.PathLike[str]) -> list[str]:
         shutil.rmtree(path, ignore_errors=True)
         if not os.path.exists(path):
             removed.append(path)
-            logger.warning("removed %s (%s) left by an interrupted run", path, format_bytes(size))
+            logger.warning("removed %s (%s on disk) left by an interrupted run", path, format_bytes(size))
         else:
             logger.warning("%s was left by an interrupted run and could not be removed: delete it with rm -r", path)
     return removed
 
 
 def _tree_size(path: str) -> int:
+    """Bytes the files under ``path`` occupy on disk (shards are created at full size, so a
+    partial one is sparse: its apparent size overstates what removing it frees)."""
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
+                info = os.lstat(os.path.join(root, name))
+                total += info.st_blocks * 512 if hasattr(info, "st_blocks") else info.st_size
     return total
 
 

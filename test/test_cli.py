@@ -26,6 +26,7 @@ from ckpt_edit import (
 from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
+from nxdi_gptoss_fp8.units import format_bytes
 
 GOOD_NC = {
     "tp_degree": 2, "quantized": True, "quantization_type": fmt.QUANTIZATION_TYPE,
@@ -366,10 +367,12 @@ def test_make_tiny_names_and_removes_a_dead_runs_partial_output(tmp_path: Path, 
 
     partial = tmp_path / f".t.partial-{host_tag()}-999999999-00ff"
     partial.mkdir()
-    (partial / "model-00001-of-00002.safetensors").write_bytes(bytes(5000))
+    shard = partial / "model-00001-of-00002.safetensors"
+    shard.write_bytes(os.urandom(50_000))
+    on_disk = format_bytes(shard.stat().st_blocks * 512)
     code, _, err = run(["make-tiny", str(tmp_path / "t")], capsys)
     assert code == 0 and not partial.exists()
-    assert err == f"nxdi-gptoss-fp8: removed {partial} (5.00 kB) left by an interrupted run\n"
+    assert err == f"nxdi-gptoss-fp8: removed {partial} ({on_disk} on disk) left by an interrupted run\n"
 
 
 def test_an_optional_module_missing_deep_inside_a_command_is_one_line(
