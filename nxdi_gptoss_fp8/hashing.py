@@ -5,14 +5,16 @@ loader. Stdlib only; hashlib releases the GIL on large updates, so threads hash 
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 CHUNK = 1 << 24  # bytes per update: memory stays at one chunk, progress moves in steps this size
 
 
-def sha256_file(path: str, *, chunk: int = CHUNK) -> str:
+ProgressCallback = Callable[[int], None]  # called with the bytes just hashed, chunk by chunk
+
+
+def sha256_file(path: str, *, chunk: int = CHUNK, progress: ProgressCallback | None = None) -> str:
     """Hex SHA-256 of a file, read through one reused buffer (memory stays at ``chunk``)."""
     digest = hashlib.sha256()
     buffer = bytearray(chunk)
@@ -20,40 +22,42 @@ def sha256_file(path: str, *, chunk: int = CHUNK) -> str:
     with open(path, "rb", buffering=0) as handle:
         while count := handle.readinto(buffer):
             digest.update(view[:count])
+            if progress:
+                progress(count)
     return digest.hexdigest()
 
 
-def sha256_buffer(buffer: object, *, chunk: int = CHUNK) -> str:
+def sha256_buffer(buffer: object, *, chunk: int = CHUNK, progress: ProgressCallback | None = None) -> str:
     """Hex SHA-256 of the bytes of ``buffer`` (anything exporting the buffer protocol, e.g. an
     ``mmap``), hashed in place chunk by chunk: nothing is copied."""
     digest = hashlib.sha256()
     with memoryview(buffer).cast("B") as view:  # type: ignore[arg-type]
         for start in range(0, len(view), chunk):
-            digest.update(view[start:start + chunk])
+            part = view[start:start + chunk]
+            digest.update(part)
+            if progress:
+                progress(len(part))
     return digest.hexdigest()
 
 
-def _parallel(items: Mapping[str, object], hash_one: Callable[[object], str], workers: int,
-              size: Callable[[object], int], progress: Callable[[int], None] | None) -> dict[str, str]:
+def _parallel(items: Mapping[str, object], hash_one: Callable[..., str], workers: int,
+              progress: ProgressCallback | None) -> dict[str, str]:
     def run(item: tuple[str, object]) -> tuple[str, str]:
         name, source = item
-        digest = hash_one(source)
-        if progress:
-            progress(size(source))
-        return name, digest
+        return name, hash_one(source, progress=progress)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return dict(pool.map(run, items.items()))
 
 
 def hash_files(paths: Mapping[str, str], *, workers: int = 2,
-               progress: Callable[[int], None] | None = None) -> dict[str, str]:
-    """SHA-256 of several files (name → path) in parallel threads."""
-    return _parallel(paths, lambda path: sha256_file(str(path)), workers,
-                     lambda path: os.path.getsize(str(path)), progress)
+               progress: ProgressCallback | None = None) -> dict[str, str]:
+    """SHA-256 of several files (name → path) in parallel threads; ``progress`` gets every chunk
+    (from several threads: it must be thread-safe, as ``progress.Progress.update`` is)."""
+    return _parallel(paths, lambda path, progress: sha256_file(str(path), progress=progress), workers, progress)
 
 
 def hash_buffers(buffers: Mapping[str, object], *, workers: int = 2,
-                 progress: Callable[[int], None] | None = None) -> dict[str, str]:
+                 progress: ProgressCallback | None = None) -> dict[str, str]:
     """SHA-256 of several in-memory buffers (name → buffer, e.g. shard mappings) in parallel threads."""
-    return _parallel(buffers, sha256_buffer, workers, lambda buffer: memoryview(buffer).nbytes, progress)  # type: ignore[arg-type]
+    return _parallel(buffers, sha256_buffer, workers, progress)

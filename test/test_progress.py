@@ -92,3 +92,17 @@ def test_deep_scan_checksums_and_writer_hashing_report_progress_off_a_terminal(
     err = capsys.readouterr().err
     for desc in ("deep scan", "sha256", "sha256 shards"):
         assert re.search(rf"^{desc}: [\d.]+ [k]?B of [\d.]+ [k]?B \(\d+%\), ", err, re.MULTILINE), (desc, err)
+
+
+def test_hashing_reports_progress_chunk_by_chunk(tmp_path: Path) -> None:
+    """A single large shard moves the display while it is hashed, not only when it is done."""
+    from nxdi_gptoss_fp8.hashing import CHUNK, hash_buffers, hash_files
+
+    path = tmp_path / "shard"
+    path.write_bytes(bytes(2 * CHUNK + 5))
+    steps: list[int] = []
+    hash_files({"shard": str(path)}, progress=steps.append)
+    assert steps == [CHUNK, CHUNK, 5]
+    steps.clear()
+    hash_buffers({"a": bytearray(CHUNK + 1), "b": b"xyz"}, progress=steps.append)
+    assert sorted(steps) == [1, 3, CHUNK]
