@@ -19,6 +19,8 @@ INSTALL_HINTS = {
     "safetensors": "pip install safetensors (or: pip install 'nxdi-gptoss-fp8[torch]')",
     "numpy": "pip install numpy (or: pip install 'nxdi-gptoss-fp8[torch]')",
     "tqdm": "pip install tqdm",
+    "transformers": "pip install 'nxdi-gptoss-fp8[forward]' (transformers is the reference model)",
+    "huggingface_hub": "pip install 'nxdi-gptoss-fp8[hub]'",
 }
 # Root module names whose absence is an environment problem, not a bug in this package.
 OPTIONAL = frozenset(INSTALL_HINTS) | {"neuronx_distributed_inference", "neuronx_distributed", "torch_neuronx"}
