@@ -30,12 +30,13 @@ setup(
         # converting from a Hub repo id (`convert openai/gpt-oss-120b OUT`)
         "hub": ["huggingface_hub>=0.20"],
         # selfcheck / check-forward: transformers' GptOssForCausalLM is the reference model
-        "forward": ["torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60", "transformers>=4.55"],
+        # (< 5: NxDI pins transformers 4.57.*, and v5 changed GPT-OSS's expert layout)
+        "forward": ["torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60", "transformers>=4.55,<5"],
         "test": [
             "torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60",
             "pytest>=7.4", "hypothesis>=6.80", "ruff>=0.4", "huggingface_hub>=0.20",
-            # imported by NxDI's own modules in test/test_nxdi_conformance.py (NXDI_SRC)
-            "transformers>=4.55",
+            # imported by NxDI's own modules in the nxdi tests (NXDI_SRC); NxDI pins 4.57.*
+            "transformers>=4.55,<5",
         ],
     },
     entry_points={

@@ -24,7 +24,7 @@ def _transformers() -> Any:
     except ImportError:
         raise CpuModelError("needs transformers (GptOssForCausalLM) for the reference model: pip install 'transformers>=4.55'") from None
     if not hasattr(transformers, "GptOssForCausalLM"):
-        raise CpuModelError(f"transformers {transformers.__version__} has no GptOssForCausalLM: install transformers>=4.55")
+        raise CpuModelError(f"transformers {transformers.__version__} has no GptOssForCausalLM: install transformers>=4.55,<5")
     return transformers
 
 
