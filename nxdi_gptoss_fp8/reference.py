@@ -22,9 +22,9 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise CpuModelError("needs transformers (GptOssForCausalLM) for the reference model: pip install 'transformers>=4.55'") from None
+        raise CpuModelError("needs transformers (GptOssForCausalLM) for the reference model: pip install 'transformers>=4.55,<5'") from None
     if not hasattr(transformers, "GptOssForCausalLM"):
-        raise CpuModelError(f"transformers {transformers.__version__} has no GptOssForCausalLM: install transformers>=4.55,<5")
+        raise CpuModelError(f"transformers {transformers.__version__} has no GptOssForCausalLM: install 'transformers>=4.55,<5'")
     return transformers
 
 
