@@ -8,8 +8,10 @@ files → parsed headers → findings. The loader maps tensors only when the rep
 
 from __future__ import annotations
 
+import functools
+import gc
 import hashlib
-import math
+import itertools
 import os
 import re
 import stat
@@ -22,18 +24,31 @@ from typing import Any
 from . import format as fmt
 from .binding import seal
 from .deps import missing
-from .findings import PreflightReport, Severity
+from .errors import NotRegularFileError
+from .files import open_regular
+from .findings import MAX_FINDINGS_PER_CODE, PreflightReport, Severity
 from .integrity import check_digests
-from .safetensors_header import (
-    FileIdentity,
-    HeaderError,
-    SafetensorsHeader,
-    TensorInfo,
-    parse_json_strict,
-    read_header,
+from .nxdi_config import (
+    Problem,
+    bounded_int,
+    describe,
+    has_model_fields,
+    model_config_problems,
+    model_part,
+    neuron_config_problems,
+    neuron_config_view,
 )
+from .safetensors_header import FileIdentity, HeaderError, SafetensorsHeader, TensorInfo, read_header
+from .strict_json import JsonError, parse_json_strict
 
 MAX_JSON_FILE_SIZE = 64 * 1024 * 1024
+# Scales are read in chunks of this size (memory), and never more than this in all: the
+# published profiles hold 159 MB (120b) and 360 MB (120b padded to 3072/8192) of scales.
+SCALE_CHUNK_BYTES = 16 * 1024 * 1024
+MAX_SCALE_BYTES = 1024 * 1024 * 1024
+# How deep and how wide the directory is searched for weight files in subdirectories.
+NESTED_SEARCH_DEPTH = 2
+NESTED_SEARCH_ENTRIES = 10_000
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _TRUTHY = {"1", "true", "yes", "on"}
 NOT_CHECKED_SCALES = "scale values"
@@ -114,7 +129,23 @@ def preflight(
         if deep_scan.np is None:  # fail before reading anything: the environment, not the checkpoint
             raise missing("numpy", "the deep scan (deep=True, validate --deep)")
     started = time.perf_counter()
-    root = os.fspath(path)
+    # The cyclic garbage collector would re-walk every object a large index creates, many
+    # times over while it is parsed; the checks build no cycles, so it pauses until the verdict.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        report = _run_checks(os.fspath(path), neuron_config=neuron_config, inference_config=inference_config,
+                             allow_custom_model=allow_custom_model, read_scales=read_scales, deep=deep,
+                             verify_checksums=verify_checksums)
+    finally:
+        if collecting:
+            gc.enable()
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def _run_checks(root: str, *, neuron_config: Any, inference_config: Any, allow_custom_model: bool,
+                read_scales: bool, deep: bool, verify_checksums: bool) -> PreflightReport:
     report = PreflightReport(path=root)
     view = CheckpointView(root=root)
     if _check_directory(view, report):
@@ -128,12 +159,12 @@ def preflight(
         _check_namespace(view, report)
         _check_dtype_shape(view, report)
         _check_sidecars(view, report)
-        if read_scales:
-            _check_scale_values(view, report)
-        else:
+        _check_total_size(view, report)
+        if not read_scales:
             report.not_checked.append(NOT_CHECKED_SCALES)
             report.add("values", "not_checked", "scale values were not read (headers-only preflight)", severity=Severity.INFO)
-        _check_total_size(view, report)
+        elif _scales_trusted(view, report):
+            _check_scale_values(view, report)
         check_digests(view, report, verify=verify_checksums)
         if deep:
             from .deep_scan import deep_scan
@@ -147,12 +178,11 @@ def preflight(
     report.shards = len(view.headers)
     report.tensors = len(view.locations)
     report.checked = seal(
-        view, root=os.path.realpath(root), headers_only=not read_scales, errors=len(report.errors),
+        view, root=os.path.realpath(root), headers_only=not read_scales, errors=report.error_count,
         allow_custom_model=allow_custom_model,
         deep=deep, verify_checksums=verify_checksums, config=bound_config(neuron_config, inference_config),
         json_files=view.json_files,
     )
-    report.elapsed_s = time.perf_counter() - started
     return report
 
 
@@ -176,28 +206,54 @@ def _check_directory(view: CheckpointView, report: PreflightReport) -> bool:
     return True
 
 
+def _link_outside(root: str, name: str) -> str | None:
+    """Where ``name`` in ``root`` leads when it is a link resolving outside ``root``, else None."""
+    path = os.path.join(root, name)
+    if not stat.S_ISLNK(os.lstat(path).st_mode):
+        return None
+    target = os.path.realpath(path)
+    return None if os.path.dirname(target) == os.path.realpath(root) else target
+
+
 def _read_json_file(view: CheckpointView, report: PreflightReport, name: str, check: str) -> Any:
-    """Read a small JSON file strictly; report and return None when that is impossible."""
+    """Read a small JSON file strictly; report and return None when that is impossible.
+
+    A link out of the directory, a FIFO, socket, device or directory is refused before it is
+    opened (``filesystem``); the size is checked on the opened file before it is read.
+    """
     file_path = os.path.join(view.root, name)
     try:
-        size = os.stat(file_path).st_size
-        if size > MAX_JSON_FILE_SIZE:
-            report.add(check, "too_large", f"{name} is {size:,} bytes, above the {MAX_JSON_FILE_SIZE:,}-byte limit", file=name)
+        target = _link_outside(view.root, name)
+        if target is not None:
+            report.add("filesystem", "link_outside", f"{name} is a link to {target}, outside the checkpoint directory: copy the file in instead", file=name)
             return None
-        with open(file_path, "rb") as handle:
+        with open_regular(file_path) as handle:
             identity = FileIdentity.of(os.fstat(handle.fileno()))
+            size = identity.size
+            if size > MAX_JSON_FILE_SIZE:
+                report.add(check, "too_large", f"{name} is {size:,} bytes, above the {MAX_JSON_FILE_SIZE:,}-byte limit", file=name)
+                return None
             raw = handle.read(MAX_JSON_FILE_SIZE + 1)
+    except NotRegularFileError as exc:
+        report.add("filesystem", "not_a_file", f"{exc}: {name} must be a plain file (refused before it was opened for reading)", file=name)
+        return None
     except OSError as exc:
         report.add("filesystem", "unreadable", f"cannot read {name}: {exc.strerror or exc}", file=name)
         return None
     report.bytes_read += len(raw)
     view.json_files[name] = (identity, hashlib.sha256(raw).hexdigest())
+    if len(raw) > MAX_JSON_FILE_SIZE:
+        report.add(check, "too_large", f"{name} grew above the {MAX_JSON_FILE_SIZE:,}-byte limit while it was read", file=name)
+        return None
     try:
-        document = parse_json_strict(raw.decode("utf-8"), what=name)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         report.add(check, "invalid_json", f"{name} is not UTF-8 text", file=name)
         return None
-    except HeaderError as exc:
+    del raw  # only the text is needed while it is parsed (memory: the index may be 64 MB)
+    try:
+        document = parse_json_strict(text, what=name)
+    except JsonError as exc:
         report.add(check, exc.code, str(exc), file=name, key=exc.key)
         return None
     if document is None:  # a JSON null must not read as "unreadable, already reported"
@@ -205,7 +261,18 @@ def _read_json_file(view: CheckpointView, report: PreflightReport, name: str, ch
     return document
 
 
-def _safe_shard_name(name: str) -> str | None:
+@functools.lru_cache(maxsize=4096)
+def _shard_name_problem(name: str) -> tuple[str, str] | None:
+    """(code, why) when ``name`` is not a plain ``*.safetensors`` file name in the directory."""
+    problem = _unsafe_name(name)
+    if problem:
+        return "unsafe_shard_name", problem
+    if not name.endswith(".safetensors"):
+        return "not_safetensors", "does not end in .safetensors (only safetensors shards are read; pickles are never opened)"
+    return None
+
+
+def _unsafe_name(name: str) -> str | None:
     """Why ``name`` is not a plain file name in the checkpoint directory, or None."""
     if not name or name in (".", ".."):
         return "is empty or a directory reference"
@@ -236,6 +303,43 @@ def _check_stray_files(view: CheckpointView, report: PreflightReport) -> None:
             f"{entry} is a {kind} that the index does not list; a second checkpoint set mixed into "
             "the directory is how wrong weights get loaded: move it out",
             file=entry,
+        )
+    _check_nested_weight_files(view, report)
+
+
+def _check_nested_weight_files(view: CheckpointView, report: PreflightReport) -> None:
+    """Warn about weight files in subdirectories (the published repos ship ``original/``).
+
+    They are never read, but a tool pointed at the directory may pick them up. The search is
+    bounded: ``NESTED_SEARCH_DEPTH`` levels, ``NESTED_SEARCH_ENTRIES`` entries, no links followed.
+    """
+    found: dict[str, list[str]] = {}
+    budget = NESTED_SEARCH_ENTRIES
+    level = [""]
+    for _ in range(NESTED_SEARCH_DEPTH + 1):
+        below: list[str] = []
+        for relative in level:
+            try:
+                with os.scandir(os.path.join(view.root, relative)) as entries:
+                    for entry in entries:
+                        budget -= 1
+                        if budget < 0:
+                            break
+                        name = os.path.join(relative, entry.name) if relative else entry.name
+                        if entry.is_dir(follow_symlinks=False):
+                            below.append(name)
+                        elif relative and entry.name.lower().endswith(fmt.WEIGHT_FILE_SUFFIXES):
+                            found.setdefault(name.split(os.sep, 1)[0], []).append(name)
+            except OSError:
+                continue
+        level = below
+    for directory, names in sorted(found.items()):
+        shown = ", ".join(sorted(names)[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        report.add(
+            "filesystem", "nested_weight_files",
+            f"{directory}/ holds weight files ({shown}); they are not part of this checkpoint and are "
+            "never read, but a second weight set beside it is easy to load by mistake: move it out",
+            file=directory, severity=Severity.WARNING,
         )
 
 
@@ -280,7 +384,14 @@ def _check_config(view: CheckpointView, report: PreflightReport) -> None:
     try:
         view.dims = fmt.dims_from_config(config)
     except fmt.ConfigFieldError as exc:
-        report.add("config", "bad_field", f"{exc.field}: {exc.problem}; the namespace cannot be derived", file=name, key=exc.field)
+        report.add("config", exc.reason, f"{exc.field}: {exc.problem}; the namespace cannot be derived", file=name, key=exc.field)
+    _add_problems(report, model_config_problems(config, view.dims, check="config", what=name, compare_dims=False), file=name)
+
+
+def _add_problems(report: PreflightReport, problems: list[Problem], *, file: str | None = None) -> None:
+    for problem in problems:
+        report.add(problem.check, problem.reason, problem.message, file=file, key=problem.key,
+                   severity=Severity.WARNING if problem.warning else Severity.ERROR)
 
 
 # --------------------------------------------------------------------------- index
@@ -309,16 +420,41 @@ def _check_index(view: CheckpointView, report: PreflightReport) -> None:
     elif not weight_map:
         report.add("index", "empty_weight_map", "weight_map is empty: the index lists no tensor", file=name, key="weight_map")
     else:
-        for key, shard in weight_map.items():
-            if not isinstance(shard, str):
-                report.add("index", "bad_weight_map_entry", f"weight_map[{key!r}] is {shard!r}, not a file name", file=name, key=key)
-                continue
-            problem = _safe_shard_name(shard)
-            if problem:
-                report.add("filesystem", "unsafe_shard_name", f"weight_map names shard {shard!r}, which {problem}; shards must be plain file names in the checkpoint directory", file=name, key=key)
-                continue
-            view.weight_map[key] = shard
+        _check_weight_map(view, report, weight_map)
     _check_metadata_fields(view, report, index.get("metadata"))
+
+
+def _check_weight_map(view: CheckpointView, report: PreflightReport, weight_map: dict[str, Any]) -> None:
+    """Keep the entries naming a plain ``*.safetensors`` file; one finding per bad shard name.
+
+    Work is per distinct shard name where it can be (an index may list millions of keys).
+    """
+    name = fmt.INDEX_FILE
+    if set(map(type, weight_map.values())) == {str}:
+        problems = {shard: _shard_name_problem(shard) for shard in set(weight_map.values())}
+        if not any(problems.values()):
+            view.weight_map = weight_map
+            return
+    bad: dict[str, list[Any]] = {}  # shard name → [code, problem, first key, count]
+    for key, shard in weight_map.items():
+        if type(shard) is not str:
+            report.add("index", "bad_weight_map_entry", f"weight_map[{key[:200]!r}] is {describe(shard)}, not a file name", file=name, key=key)
+            continue
+        problem = _shard_name_problem(shard)
+        if problem is None:
+            view.weight_map[key] = shard
+        elif shard in bad:
+            bad[shard][3] += 1
+        else:
+            bad[shard] = [*problem, key, 1]
+    for shard, (code, problem, key, count) in bad.items():
+        more = f" (and {count - 1:,} more keys)" if count > 1 else ""
+        report.add(
+            "filesystem", code,
+            f"weight_map names shard {shard[:200]!r} for {key[:200]!r}{more}, which {problem}; shards must be "
+            "plain *.safetensors file names in the checkpoint directory",
+            file=name, key=key,
+        )
 
 
 def _check_metadata_fields(view: CheckpointView, report: PreflightReport, metadata: Any) -> None:
@@ -366,15 +502,24 @@ def _check_metadata_fields(view: CheckpointView, report: PreflightReport, metada
     total = metadata.get("total_size")
     if type(total) is int and total < 0:
         report.add("index", "wrong_metadata_value", f"total_size {total} is negative", file=name, key="metadata.total_size")
+    elif type(total) is int and total > fmt.MAX_BYTE_COUNT:
+        report.add("index", "out_of_range", f"total_size {describe(total)} is above 2^53 bytes", file=name, key="metadata.total_size")
+    for key in ("padded_hidden_size", "padded_intermediate_size"):
+        value = metadata.get(key)
+        if type(value) is int and bounded_int(value) is None:
+            report.add("index", "out_of_range", f"metadata field {key!r} is {describe(value)}, not an integer in 1 … 2^31", file=name, key=f"metadata.{key}")
     digests = metadata.get("shard_sha256")
     if isinstance(digests, dict):
         shards = set(view.weight_map.values())
-        for shard, digest in digests.items():
+        unused = digests.keys() - shards
+        for shard in _first_members(unused, digests):
+            report.add("index", "bad_shard_sha256", f"shard_sha256 names {shard[:200]!r}, which the weight_map does not use", file=name, key="metadata.shard_sha256")
+        report.add_omitted("index", "bad_shard_sha256", len(unused) - MAX_FINDINGS_PER_CODE)
+        for shard in digests.keys() & shards:
+            digest = digests[shard]
             if not (isinstance(digest, str) and _SHA256_HEX.match(digest)):
                 report.add("index", "bad_shard_sha256", f"shard_sha256[{shard!r}] is not a lowercase hex SHA-256", file=name, key="metadata.shard_sha256")
-            elif shard not in shards:
-                report.add("index", "bad_shard_sha256", f"shard_sha256 names {shard!r}, which the weight_map does not use", file=name, key="metadata.shard_sha256")
-        for shard in sorted(shards - set(digests)):
+        for shard in sorted(shards - digests.keys()):
             report.add("index", "bad_shard_sha256", f"shard_sha256 has no digest for {shard!r}", file=name, key="metadata.shard_sha256")
 
 
@@ -401,15 +546,23 @@ def _read_shard_header(root: str, real_root: str, shard: str) -> SafetensorsHead
         raise _ShardProblem("ownership", "missing_shard", f"the index lists shard {shard}, which does not exist") from None
     except HeaderError as exc:
         raise _ShardProblem("header", exc.code, f"{shard}: {exc}", exc.key) from None
-    except IsADirectoryError:
-        raise _ShardProblem("filesystem", "not_a_file", f"{shard} is a directory, not a shard file") from None
+    except NotRegularFileError as exc:
+        raise _ShardProblem("filesystem", "not_a_file", f"{exc}: a shard must be a plain file (refused before it was opened for reading)") from None
     except OSError as exc:
         raise _ShardProblem("filesystem", "unreadable", f"cannot read {shard}: {exc.strerror or exc}") from None
 
 
 def _read_headers(view: CheckpointView, report: PreflightReport) -> None:
     real_root = os.path.realpath(view.root)
-    for shard in sorted(set(view.weight_map.values())):
+    listed = set(view.weight_map.values())
+    try:
+        present = listed & set(os.listdir(view.root))
+    except OSError:
+        present = listed
+    for shard in sorted(listed - present):  # one listing, not a stat per missing name
+        view.broken_shards.add(shard)
+        report.add("ownership", "missing_shard", f"the index lists shard {shard}, which does not exist", file=shard)
+    for shard in sorted(present):
         try:
             header = _read_shard_header(view.root, real_root, shard)
         except _ShardProblem as problem:
@@ -422,19 +575,39 @@ def _read_headers(view: CheckpointView, report: PreflightReport) -> None:
             view.locations.setdefault(key, []).append(shard)
 
 
+def _first_members(members: set[str], *orders: Mapping[str, Any]) -> list[str]:
+    """The members to report one by one: all of them sorted, or beyond the per-code cap the
+    first ``MAX_FINDINGS_PER_CODE`` in the files' order (no sort of millions of names)."""
+    if len(members) <= MAX_FINDINGS_PER_CODE:
+        return sorted(members)
+    candidates = (key for order in orders for key in order if key in members)
+    return sorted(set(itertools.islice(candidates, 2 * MAX_FINDINGS_PER_CODE)))[:MAX_FINDINGS_PER_CODE]
+
+
 def _check_ownership(view: CheckpointView, report: PreflightReport) -> None:
-    for key, shard in view.weight_map.items():
-        if shard in view.broken_shards or key in view.headers[shard].tensors:
-            continue
-        elsewhere = view.locations.get(key)
-        if elsewhere:
-            report.add("ownership", "key_in_other_shard", f"the index assigns {key} to {shard}, but it is only in {', '.join(elsewhere)}: fix the weight_map or move the tensor", file=shard, key=key)
-        else:
-            report.add("ownership", "key_not_in_shard", f"the index assigns {key} to {shard}, but no shard holds it", file=shard, key=key)
+    # keys no shard holds are found with set operations: an index may list millions
+    nowhere = view.weight_map.keys() - view.locations.keys()
+    if view.broken_shards:  # keys of an unreadable shard: that shard's finding says it
+        nowhere = {key for key in nowhere if view.weight_map[key] not in view.broken_shards}
+    shown = _first_members(nowhere, view.weight_map)
+    for key in shown:
+        report.add("ownership", "key_not_in_shard", f"the index assigns {key} to {view.weight_map[key]}, but no shard holds it", file=view.weight_map[key], key=key)
+    report.add_omitted("ownership", "key_not_in_shard", len(nowhere) - len(shown))
+    # a key held by a shard the index does not assign it to: (key, shard) pairs of the headers
+    # that are not weight_map items, by set difference of item views (C speed)
+    misplaced: set[str] = set()
     for shard, header in view.headers.items():
-        for key in header.tensors:
-            if key not in view.weight_map:
-                report.add("ownership", "unlisted_key", f"{shard} holds {key}, which the index does not list", file=shard, key=key)
+        for key, _ in dict.fromkeys(header.tensors, shard).items() - view.weight_map.items():
+            misplaced.add(key)
+    for key in sorted(misplaced & view.weight_map.keys()):
+        shard = view.weight_map[key]
+        if shard in view.broken_shards or key in view.headers[shard].tensors:
+            continue  # the assigned shard holds it too: a collision, reported as such
+        elsewhere = view.locations[key]
+        report.add("ownership", "key_in_other_shard", f"the index assigns {key} to {shard}, but it is only in {', '.join(elsewhere)}: fix the weight_map or move the tensor", file=shard, key=key)
+    for shard, header in view.headers.items():
+        for key in header.tensors.keys() - view.weight_map.keys():
+            report.add("ownership", "unlisted_key", f"{shard} holds {key}, which the index does not list", file=shard, key=key)
 
 
 def _check_collisions(view: CheckpointView, report: PreflightReport) -> None:
@@ -451,6 +624,7 @@ def _check_metadata_against_config(view: CheckpointView, report: PreflightReport
         return
     dims, name = view.dims, fmt.CONFIG_FILE
     profile = view.metadata.get("model_profile")
+    profile = profile if isinstance(profile, str) else None
     if profile in fmt.PROFILES:
         for field_name, expected in fmt.PROFILES[profile].as_dict().items():
             found = getattr(dims, field_name)
@@ -465,8 +639,8 @@ def _check_metadata_against_config(view: CheckpointView, report: PreflightReport
             f"request: pass allow_custom_model=True, --allow-custom-model, or set {fmt.ALLOW_CUSTOM_ENV}=1",
             file=fmt.INDEX_FILE, key="metadata.model_profile",
         )
-    padded_h, padded_i = view.metadata.get("padded_hidden_size"), view.metadata.get("padded_intermediate_size")
-    if type(padded_h) is not int or type(padded_i) is not int:
+    padded_h, padded_i = bounded_int(view.metadata.get("padded_hidden_size")), bounded_int(view.metadata.get("padded_intermediate_size"))
+    if padded_h is None or padded_i is None:
         return
     layout = fmt.Layout(dims, padded_h, padded_i)
     problems = layout.padding_problems()
@@ -486,7 +660,7 @@ def _dims_in_proportion(view: CheckpointView, report: PreflightReport) -> bool:
     unit = fmt.Layout.unpadded(view.dims)  # type: ignore[arg-type]
     layers = view.dims.num_hidden_layers  # type: ignore[union-attr]
     expected = len(fmt.global_specs(unit)) + layers * len(fmt.layer_specs(unit, 0))
-    present = len(set(view.weight_map) | set(view.locations))
+    present = len(view.weight_map) + len(view.locations.keys() - view.weight_map.keys())
     if expected <= 2 * present + 1024:
         return True
     report.add(
@@ -499,40 +673,34 @@ def _dims_in_proportion(view: CheckpointView, report: PreflightReport) -> bool:
     return False
 
 
-def config_attr(source: Any, name: str, default: Any = None) -> Any:
-    """Attribute ``name`` of an NxDI config object, or key ``name`` of a mapping standing in for one."""
-    if isinstance(source, Mapping):
-        return source.get(name, default)
-    return getattr(source, name, default)
-
-
 def _check_inference_config(view: CheckpointView, report: PreflightReport, config: Any) -> None:
-    """NxDI's InferenceConfig holds the padded sizes in hidden/intermediate_size, the originals aside."""
+    """NxDI's InferenceConfig must describe the checkpoint's model and build it with biases.
+
+    It holds the padded sizes in hidden/intermediate_size and the checkpoint's in
+    ``original_*``; ``attention_bias`` must be true (the same rules as for ``config.json``).
+    """
     if view.dims is None:
         return
-    original = {
-        "hidden_size": config_attr(config, "original_hidden_size", config_attr(config, "hidden_size")),
-        "intermediate_size": config_attr(config, "original_intermediate_size", config_attr(config, "intermediate_size")),
-    }
-    for field_name, expected in view.dims.as_dict().items():
-        found = original.get(field_name, config_attr(config, field_name))
-        if field_name == "num_local_experts" and found is None:
-            found = config_attr(config, "num_experts")
-        if field_name == "num_experts_per_tok" and found is None:
-            found = config_attr(config, "experts_per_token")
-        if found is not None and found != expected:
-            report.add("config", "nxdi_config_mismatch", f"NxDI's config has {field_name}={found}, the checkpoint's config.json {expected}: compile with the checkpoint's config", file=fmt.CONFIG_FILE, key=field_name)
+    _add_problems(report, model_config_problems(config, view.dims, check="config", what="NxDI's config", compare_dims=True), file=fmt.CONFIG_FILE)
 
 
 # --------------------------------------------------------------------------- namespace, dtypes, sidecars
 
 
+def _present_keys(view: CheckpointView) -> set[str]:
+    return view.weight_map.keys() | view.locations.keys()
+
+
 def _check_namespace(view: CheckpointView, report: PreflightReport) -> None:
-    present = set(view.weight_map) | set(view.locations)
     expected = fmt.expected_namespace(view.layout) if view.layout else None
-    for key in sorted(present):
-        if expected is not None and key in expected:
-            continue
+    if expected is None:
+        others = _present_keys(view)
+    else:
+        others = (view.weight_map.keys() - expected.keys()) | (view.locations.keys() - expected.keys())
+    # names with a hint (derived, HF, legacy, stray scale) are found in one C-speed scan;
+    # the rest are plain unexpected keys, reported up to the cap and counted exactly
+    special = fmt.hinted_names(others)
+    for key in sorted(special):
         where = view.weight_map.get(key) or (view.locations.get(key) or [None])[0]
         reason = fmt.derived_reason(key)
         foreign = fmt.foreign_name(key)
@@ -544,10 +712,17 @@ def _check_namespace(view: CheckpointView, report: PreflightReport) -> None:
             report.add("sidecar", "stray_scale", f"{key} is a scale the format does not have (only the expert .scale sidecars exist): remove it", file=where, key=key)
         elif expected is not None:
             report.add("namespace", "unexpected_key", f"{key} is not part of the format: remove it", file=where, key=key)
+    if expected is not None:
+        plain = others - special
+        shown = _first_members(plain, view.weight_map, view.locations)
+        for key in shown:
+            where = view.weight_map.get(key) or (view.locations.get(key) or [None])[0]
+            report.add("namespace", "unexpected_key", f"{key} is not part of the format: remove it", file=where, key=key)
+        report.add_omitted("namespace", "unexpected_key", len(plain) - len(shown))
     if expected is None:
         return
     for key, spec in expected.items():
-        if key in present:
+        if key in view.weight_map or key in view.locations:
             continue
         report.add("namespace", "missing_key", f"{key} ({spec.dtype}{list(spec.shape)}) is missing from the index and every shard", key=key)
 
@@ -567,7 +742,10 @@ def _check_dtype_shape(view: CheckpointView, report: PreflightReport) -> None:
 
 
 def _check_sidecars(view: CheckpointView, report: PreflightReport) -> None:
-    for key in sorted(view.locations):
+    # only FP8 tensors and expert scales have sidecar rules: select them cheaply, then sort
+    candidates = {key for header in view.headers.values() for key, info in header.tensors.items()
+                  if info.dtype.startswith("F8_") or fmt.is_expert_scale(key)}
+    for key in sorted(candidates):
         shard, info = view.tensor(key)  # type: ignore[misc]
         if info.dtype.startswith("F8_") and key.endswith(".weight"):
             scale = fmt.scale_key_for(key)
@@ -588,7 +766,7 @@ def _check_sidecars(view: CheckpointView, report: PreflightReport) -> None:
 
 @dataclass
 class ScaleStats:
-    """Counts over one float32 scale tensor: ``bad`` values are not finite and > 0.
+    """Counts over float32 scales: ``bad`` values are not normal, finite and > 0.
 
     The other counts overlap (-0.0 is both negative and zero) and only explain ``bad``.
     """
@@ -597,70 +775,134 @@ class ScaleStats:
     negative: int
     zero: int
     non_finite: int
+    subnormal: int = 0
     first_bad: int = -1
 
+    def merge(self, other: ScaleStats, offset: int) -> ScaleStats:
+        """These counts plus ``other``'s, whose values start ``offset`` values later."""
+        first = self.first_bad if self.first_bad >= 0 else (other.first_bad + offset if other.first_bad >= 0 else -1)
+        return ScaleStats(self.bad + other.bad, self.negative + other.negative, self.zero + other.zero,
+                          self.non_finite + other.non_finite, self.subnormal + other.subnormal, first)
 
-# Class of a float32's most significant byte (sign + 7 exponent bits): N negative, Z zero or
-# subnormal, E exponent at its top (huge, inf or NaN), "." an ordinary positive value.
-_TOP_BYTE_CLASS = bytes(
-    ord("N") if b & 0x80 else ord("Z") if b == 0 else ord("E") if b == 0x7F else ord(".")
-    for b in range(256)
-)
+
+# A float32 is bad when its sign is set or its exponent is all zeros (zero, subnormal) or all
+# ones (inf, NaN). The exponent spans the top byte's low 7 bits and the next byte's top bit,
+# so each value gets a class from each byte and the two are ANDed (as big integers, one bit
+# field per value): 0 = good, 1 = zero/subnormal, 2 = inf/NaN, with bit 4 added for a sign.
+_TOP_CLASS = bytes((4 if b & 0x80 else 0) | (1 if b & 0x7F == 0 else 2 if b & 0x7F == 0x7F else 0) for b in range(256))
+_NEXT_CLASS = bytes(4 | (1 if b < 0x80 else 2) for b in range(256))
+_ORDINARY_TOP = bytes(range(0x01, 0x7F))  # a top byte that alone proves a value good
+_NOT_ZERO = bytes(1 if b else 0 for b in range(256))
+_LOW_EXPONENT = bytes(1 if b in (1, 5) else 0 for b in range(256))
 
 
 def scale_stats(raw: bytes) -> ScaleStats:
-    """Count little-endian float32 values in ``raw`` that are not finite and > 0.
+    """Count little-endian float32 values in ``raw`` that are not normal, finite and > 0.
 
-    Fast path in C loops (stride slice, translate, count) over the top byte of each value:
-    ordinary positive scales are decided by it alone. Only tensors with zero/subnormal or
-    top-exponent values, or negatives, are re-read value by value.
+    No Python loop per value: the bytes of each value are taken with stride slices, classified
+    with ``bytes.translate`` tables and combined as one big-integer AND, all C loops. Ordinary
+    positive scales are decided by their top byte alone (one ``translate``).
     """
-    classes = bytes(raw[3::4]).translate(_TOP_BYTE_CLASS)
-    if classes.count(b".") == len(classes):
+    count = len(raw) // 4
+    raw = raw[:4 * count]
+    top = bytes(raw[3::4])
+    if not top.translate(None, _ORDINARY_TOP):
         return ScaleStats(0, 0, 0, 0)
-    bad = negative = zero = non_finite = 0
-    first_bad = -1
-    for index, (value,) in enumerate(struct.iter_unpack("<f", raw[: len(classes) * 4])):
-        if value > 0 and not math.isinf(value):
-            continue
-        bad += 1
-        first_bad = index if first_bad < 0 else first_bad
-        negative += math.copysign(1.0, value) < 0 and not math.isnan(value)
-        zero += value == 0
-        non_finite += not math.isfinite(value)
-    return ScaleStats(bad, negative, zero, non_finite, first_bad)
+    if not raw.translate(None, b"\x00"):  # all zero (a preallocated, never-written file)
+        return ScaleStats(count, 0, count, 0, 0, 0)
+    classes = (int.from_bytes(top.translate(_TOP_CLASS), "little")
+               & int.from_bytes(bytes(raw[2::4]).translate(_NEXT_CLASS), "little")).to_bytes(count, "little")
+    good = classes.count(0)
+    low_exponent = classes.count(1) + classes.count(5)
+    non_finite = classes.count(2) + classes.count(6)
+    zero = 0
+    if low_exponent:  # exact zeros among them: the three low bytes are zero too
+        low = int.from_bytes(raw[0::4].translate(_NOT_ZERO), "little") | int.from_bytes(raw[1::4].translate(_NOT_ZERO), "little") \
+            | int.from_bytes(raw[2::4].translate(_NOT_ZERO), "little")
+        exponent_zero = int.from_bytes(classes.translate(_LOW_EXPONENT), "little")
+        zero = (exponent_zero & ~low).bit_count()
+    return ScaleStats(
+        bad=count - good, negative=count - good - classes.count(1) - classes.count(2), zero=zero,
+        non_finite=non_finite, subnormal=low_exponent - zero,
+        first_bad=count - len(classes.lstrip(b"\x00")) if good < count else -1,
+    )
+
+
+# Checks whose errors make the shard headers untrustworthy as a map of the scales' bytes.
+_SCALE_BLOCKERS = frozenset({"index", "header", "ownership", "collision", "dtype_shape", "sidecar"})
+
+
+def _scales_trusted(view: CheckpointView, report: PreflightReport) -> bool:
+    """Whether the scales may be read: config, index and headers agree, and the size is bounded.
+
+    Otherwise one finding says why they were not read (an info when other errors already make
+    the checkpoint invalid; an error when the checkpoint claims more scale bytes than the
+    preflight will read).
+    """
+    blocked = sorted({f.check for f in report.errors if f.check in _SCALE_BLOCKERS})
+    if view.layout is None or view.broken_shards or blocked:
+        reason = f"the {', '.join(blocked)} errors above" if blocked else "the config and index give no usable layout"
+        report.add("values", "not_checked", f"scale values were not read because of {reason}: fix those first", severity=Severity.INFO)
+        return False
+    layout = view.layout
+    total = 4 * layout.dims.num_hidden_layers * layout.dims.num_local_experts * (2 * layout.padded_intermediate_size + layout.padded_hidden_size)
+    if total > MAX_SCALE_BYTES:
+        report.add(
+            "values", "scales_too_large",
+            f"the layout implies {total:,} bytes of expert scales, above the {MAX_SCALE_BYTES:,} the preflight "
+            "reads (the published profiles hold at most a few hundred MB): the scales cannot be checked",
+            file=fmt.INDEX_FILE, key="metadata",
+        )
+        return False
+    return True
+
+
+def _read_scale_stats(header: SafetensorsHeader, info: TensorInfo, report: PreflightReport) -> tuple[ScaleStats, bytes]:
+    """Stats of one scale tensor read in chunks; also the first bad value's 4 bytes (or b"")."""
+    stats = ScaleStats(0, 0, 0, 0)
+    first_value = b""
+    with open_regular(header.path) as handle:
+        handle.seek(header.data_offset + info.begin)
+        done = 0
+        while done < info.nbytes:
+            raw = handle.read(min(SCALE_CHUNK_BYTES, info.nbytes - done))
+            if not raw:
+                raise EOFError
+            report.bytes_read += len(raw)
+            if len(raw) % 4:
+                raw += handle.read(4 - len(raw) % 4)
+            chunk = scale_stats(raw)
+            if chunk.bad and not first_value:
+                first_value = raw[4 * chunk.first_bad:4 * chunk.first_bad + 4]
+            stats = stats.merge(chunk, done // 4)
+            done += len(raw)
+    return stats, first_value
 
 
 def _check_scale_values(view: CheckpointView, report: PreflightReport) -> None:
     # only scales of the format's shape are read: a mis-shaped "scale" could be any size
     expected = fmt.expected_namespace(view.layout) if view.layout else {}
-    for key in sorted(view.locations):
-        if not fmt.is_expert_scale(key):
-            continue
+    for key in sorted(k for k in expected if fmt.is_expert_scale(k) and k in view.locations):
         shard, info = view.tensor(key)  # type: ignore[misc]
         spec = expected.get(key)
         if info.dtype != fmt.F32 or spec is None or info.shape != spec.shape:
             continue
-        header = view.headers[shard]
         try:
-            with open(header.path, "rb") as handle:
-                handle.seek(header.data_offset + info.begin)
-                raw = handle.read(info.nbytes)
-        except OSError as exc:
-            report.add("filesystem", "unreadable", f"cannot read {key} from {shard}: {exc.strerror}", file=shard, key=key)
-            continue
-        report.bytes_read += len(raw)
-        if len(raw) != info.nbytes:
+            stats, first_value = _read_scale_stats(view.headers[shard], info, report)
+        except EOFError:
             report.add("header", "data_beyond_file", f"{shard} ended while reading {key}", file=shard, key=key)
             continue
-        stats = scale_stats(raw)
+        except OSError as exc:
+            report.add("filesystem", "unreadable", f"cannot read {key} from {shard}: {exc.strerror or exc}", file=shard, key=key)
+            continue
         if stats.bad:
-            (value,) = struct.unpack_from("<f", raw, 4 * stats.first_bad)
+            (value,) = struct.unpack("<f", first_value)
             coords = _unravel(stats.first_bad, info.shape)
             report.add(
                 "values", "bad_scale",
-                f"{key} has {stats.bad} scales that are not finite and > 0 ({stats.negative} negative, "
-                f"{stats.zero} zero, {stats.non_finite} inf/NaN); first at {list(coords)} = {value!r}",
+                f"{key} has {stats.bad:,} of {info.numel:,} scales that are not normal, finite and > 0 "
+                f"({stats.negative:,} negative, {stats.zero:,} zero, {stats.subnormal:,} subnormal, "
+                f"{stats.non_finite:,} inf/NaN); first at {list(coords)} = {value!r}",
                 file=shard, key=key,
             )
 
@@ -674,8 +916,8 @@ def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _check_total_size(view: CheckpointView, report: PreflightReport) -> None:
-    total = view.metadata.get("total_size")
-    if type(total) is not int or view.broken_shards or not view.headers:
+    total = bounded_int(view.metadata.get("total_size"), 0, fmt.MAX_BYTE_COUNT)
+    if total is None or view.broken_shards or not view.headers:
         return
     actual = sum(info.nbytes for header in view.headers.values() for info in header.tensors.values())
     if actual != total:
@@ -685,13 +927,19 @@ def _check_total_size(view: CheckpointView, report: PreflightReport) -> None:
 # --------------------------------------------------------------------------- neuron_config
 
 
-def neuron_config_view(neuron_config: Any) -> Any:
-    """The NeuronConfig attributes of whatever the caller passed (object, flat or nested mapping)."""
-    if isinstance(neuron_config, Mapping):
-        inner = neuron_config.get("neuron_config")
-        return inner if isinstance(inner, Mapping) else neuron_config
-    inner = getattr(neuron_config, "neuron_config", None)
-    return inner if inner is not None else neuron_config
+def check_neuron_config(view: CheckpointView, report: PreflightReport, neuron_config: Any) -> None:
+    """The ``neuron_config`` checks (docs/format.md, Findings by check): what NxDI needs to run this checkpoint.
+
+    One rule set (``nxdi_config.neuron_config_problems``) for NxDI's objects and for JSON
+    (flat, or nested as NxDI saves it: then its model part is held against ``config.json``).
+    """
+    nc = neuron_config_view(neuron_config)
+    stored = {key: view.metadata.get(key) for key in ("padded_hidden_size", "padded_intermediate_size")}
+    _add_problems(report, neuron_config_problems(nc, dims=view.dims, layout=view.layout, stored_padding=stored))
+    model = model_part(neuron_config)
+    if model is not None and view.dims is not None and has_model_fields(model):
+        # the same rules (and codes) as NxDI's InferenceConfig at load: it is one, serialized
+        _add_problems(report, model_config_problems(model, view.dims, check="config", what="the NxDI config file", compare_dims=True))
 
 
 def bound_config(neuron_config: Any, inference_config: Any) -> Any:
@@ -703,75 +951,3 @@ def bound_config(neuron_config: Any, inference_config: Any) -> Any:
     if neuron_config is None or neuron_config is neuron_config_view(inference_config):
         return inference_config
     return (neuron_config, inference_config)
-
-
-def _positive_int(value: Any, default: int) -> int | None:
-    if value is None:
-        return default
-    if type(value) is int and value > 0:
-        return value
-    return None
-
-
-def check_neuron_config(view: CheckpointView, report: PreflightReport, neuron_config: Any) -> None:
-    """The ``neuron_config`` checks (docs/format.md, Findings by check): what NxDI needs to run this checkpoint."""
-    nc = neuron_config_view(neuron_config)
-    add = report.add
-    if not config_attr(nc, "quantized", False):
-        add("neuron_config", "not_quantized", "quantized is not set: set quantized=True and quantized_checkpoints_path to the checkpoint directory, or NxDI builds BF16 experts and casts the FP8 bytes without scales", key="quantized")
-    if config_attr(nc, "quantization_dtype", "int8") != fmt.QUANTIZATION_DTYPE:
-        add("neuron_config", "wrong_quantization_dtype", f"quantization_dtype is {config_attr(nc, 'quantization_dtype', 'int8')!r}: set it to {fmt.QUANTIZATION_DTYPE!r}", key="quantization_dtype")
-    if config_attr(nc, "quantization_type", "per_tensor_symmetric") != fmt.QUANTIZATION_TYPE:
-        add("neuron_config", "wrong_quantization_type", f"quantization_type is {config_attr(nc, 'quantization_type', 'per_tensor_symmetric')!r}: set it to {fmt.QUANTIZATION_TYPE!r} (the only scale layout GPT-OSS experts accept)", key="quantization_type")
-    if config_attr(nc, "is_mxfp4_compute", False):
-        add("neuron_config", "mxfp4_compute", "is_mxfp4_compute is on: MXFP4 compute expects packed FP4 experts, not FP8; turn it off", key="is_mxfp4_compute")
-    dims, metadata = view.dims, view.metadata
-    if dims is not None:
-        for attr, base, stored in (
-            ("padded_hidden_size", dims.hidden_size, metadata.get("padded_hidden_size")),
-            ("padded_intermediate_size", dims.intermediate_size, metadata.get("padded_intermediate_size")),
-        ):
-            wanted = config_attr(nc, attr) or base
-            if type(stored) is int and wanted != stored:
-                add("neuron_config", "padding_mismatch", f"{attr} is {wanted} at runtime but the checkpoint was written for {stored}: set {attr}={stored} or re-convert with --{attr.replace('_', '-')} {wanted}", key=attr)
-    _check_modules_to_not_convert(view, report, nc)
-    tp = _positive_int(config_attr(nc, "tp_degree"), 1)
-    ep = _positive_int(config_attr(nc, "moe_ep_degree"), 1)
-    moe_tp = _positive_int(config_attr(nc, "moe_tp_degree"), 1)
-    for attr, value in (("tp_degree", tp), ("moe_ep_degree", ep), ("moe_tp_degree", moe_tp)):
-        if value is None:
-            add("neuron_config", "bad_degree", f"{attr} is {config_attr(nc, attr)!r}, not a positive integer", key=attr)
-    if tp is None or ep is None or moe_tp is None or view.layout is None:
-        return
-    expert_tp = moe_tp if ep > 1 else tp
-    ip, experts = view.layout.padded_intermediate_size, view.layout.dims.num_local_experts
-    if ip % expert_tp:
-        which = "moe_tp_degree" if ep > 1 else "tp_degree"
-        add("neuron_config", "expert_tp_indivisible", f"the padded intermediate size {ip} is not divisible by the MoE tensor-parallel degree {which}={expert_tp}: pick a degree that divides it or re-convert with a padded intermediate size that it divides", key=which)
-    if experts % ep:
-        add("neuron_config", "expert_ep_indivisible", f"{experts} experts cannot be split over moe_ep_degree={ep}", key="moe_ep_degree")
-
-
-def _excluded(path: str, entries: list[str]) -> bool:
-    """NxD's rule: a module is not converted when any entry is a substring of its dotted path."""
-    return any(entry in path for entry in entries)
-
-
-def _check_modules_to_not_convert(view: CheckpointView, report: PreflightReport, nc: Any) -> None:
-    entries = config_attr(nc, "modules_to_not_convert") or []
-    if not isinstance(entries, (list, tuple)) or not all(isinstance(e, str) for e in entries):
-        report.add("neuron_config", "bad_modules_to_not_convert", f"modules_to_not_convert is {entries!r}, not a list of module names", key="modules_to_not_convert")
-        return
-    entries = list(entries)
-    layers = view.dims.num_hidden_layers if view.dims else 1
-    qkv = ("qkv_proj.Wqkv",) if config_attr(nc, "fused_qkv", False) else ("qkv_proj.q_proj", "qkv_proj.k_proj", "qkv_proj.v_proj")
-    attention_paths = [f"layers.{i}.self_attn.{name}" for i in range(layers) for name in (*qkv, "o_proj.o_proj")]
-    missing = [p for p in attention_paths if not _excluded(p, entries)]
-    if missing:
-        report.add("neuron_config", "attention_not_excluded", f"attention is not in modules_to_not_convert (e.g. {missing[0]}): expert-wise FP8 cannot quantize attention; add 'self_attn'", key="modules_to_not_convert")
-    if not _excluded("lm_head", entries):
-        report.add("neuron_config", "lm_head_not_excluded", "lm_head is not in modules_to_not_convert: add 'lm_head'", key="modules_to_not_convert")
-    expert_paths = [f"layers.{i}.{proj}" for i in range(layers) for proj in (fmt.GATE_UP, fmt.DOWN)]
-    excluded = [p for p in expert_paths if _excluded(p, entries)]
-    if excluded:
-        report.add("neuron_config", "experts_excluded", f"modules_to_not_convert excludes the FP8 experts (e.g. {excluded[0]}): NxDI would cast the FP8 bytes to BF16 without their scales; remove that entry", key="modules_to_not_convert")

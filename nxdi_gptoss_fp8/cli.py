@@ -51,15 +51,26 @@ def _needs(purpose: str, *modules: str) -> None:
 
 
 def _load_neuron_config(path: str | None) -> dict[str, Any] | None:
+    """The ``--neuron-config`` JSON, read like every checkpoint JSON: regular file, strict, bounded."""
     if path is None:
         return None
+    from .checks import MAX_JSON_FILE_SIZE
+    from .errors import NotRegularFileError
+    from .files import open_regular
+    from .strict_json import JsonError, parse_json_strict
+
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
+        with open_regular(path) as handle:
+            raw = handle.read(MAX_JSON_FILE_SIZE + 1)
+        document = parse_json_strict(raw.decode("utf-8"), what=f"--neuron-config {path}", max_bytes=MAX_JSON_FILE_SIZE)
+    except NotRegularFileError as exc:
+        raise UsageError(f"--neuron-config: {exc}; pass a JSON file") from None
     except OSError as exc:
-        raise UsageError(f"cannot read --neuron-config {path}: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--neuron-config {path} is not valid JSON: {exc}") from None
+        raise UsageError(f"cannot read --neuron-config {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--neuron-config {path} is not UTF-8 text") from None
+    except JsonError as exc:
+        raise UsageError(f"--neuron-config {path}: {exc}") from None
     if not isinstance(document, dict):
         raise UsageError(f"--neuron-config {path} must hold a JSON object of NeuronConfig attributes")
     return document

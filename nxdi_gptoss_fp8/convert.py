@@ -35,7 +35,8 @@ from . import __version__, mxfp4
 from . import format as fmt
 from .errors import ConversionError
 from .quant import FP8_DTYPE, quantize_expertwise
-from .safetensors_header import HeaderError, TensorInfo, parse_json_strict, read_header
+from .safetensors_header import HeaderError, TensorInfo, read_header
+from .strict_json import JsonError, parse_json_strict
 from .writer import CheckpointWriter, parse_size
 
 SOURCE_MXFP4 = "hf-mxfp4"
@@ -193,7 +194,7 @@ def _read_json(path: str, what: str) -> Any:
             return parse_json_strict(handle.read(), what=what)
     except OSError as exc:
         raise ConversionError(f"cannot read {path}: {exc.strerror}") from None
-    except (HeaderError, UnicodeDecodeError) as exc:
+    except (JsonError, UnicodeDecodeError) as exc:
         raise ConversionError(f"{path} is not valid JSON ({exc}): re-download the file") from None
 
 

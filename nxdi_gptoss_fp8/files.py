@@ -47,11 +47,12 @@ def _reason_or_none(path: str | os.PathLike[str]) -> str | None:
         return None
 
 
-def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+def open_regular(path: str | os.PathLike[str], *, buffering: int = -1) -> BinaryIO:
     """Open ``path`` for binary reading if, and only if, it is a regular file.
 
     Never blocks: a FIFO, socket, device or directory raises ``NotRegularFileError`` (naming
     what it is) before anything is read. ``OSError`` for a missing or unreadable path.
+    ``buffering`` as for ``open`` (0: unbuffered, for ``readinto`` loops).
     """
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -68,7 +69,7 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
             raise NotRegularFileError(f"{os.fspath(path)} is {file_kind(mode)}, not a regular file")
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)  # regular files ignore O_NONBLOCK; restore the usual mode anyway
-        return os.fdopen(fd, "rb")
+        return os.fdopen(fd, "rb", buffering=buffering)
     except BaseException:
         os.close(fd)
         raise

@@ -75,9 +75,18 @@ class Finding:
         return f"{self.severity.value.upper()} {self.code}{location}: {self.message}"
 
 
+# Findings stored per code; beyond it they are only counted (``PreflightReport.omitted``), so
+# an index of millions of phantom keys costs counters, not millions of objects.
+MAX_FINDINGS_PER_CODE = 10_000
+
+
 @dataclass
 class PreflightReport:
-    """Every finding of one preflight run, plus what the run measured."""
+    """Every finding of one preflight run, plus what the run measured.
+
+    At most ``MAX_FINDINGS_PER_CODE`` findings of one code are stored; the rest are counted in
+    ``omitted`` (code → count), and every count the report gives stays exact.
+    """
 
     path: str
     findings: list[Finding] = field(default_factory=list)
@@ -91,6 +100,11 @@ class PreflightReport:
     # What the checks learned, bound to the directory, options, config and files they checked;
     # set only by preflight(), and the only thing the loader maps from.
     checked: CheckedCheckpoint | None = field(default=None, repr=False, compare=False)
+    # code → findings beyond MAX_FINDINGS_PER_CODE, counted but not stored
+    omitted: dict[str, int] = field(default_factory=dict)
+    _stored: Counter[str] = field(default_factory=Counter, repr=False, compare=False)
+    _omitted_errors: Counter[str] = field(default_factory=Counter, repr=False, compare=False)
+    _omitted_warnings: int = field(default=0, repr=False, compare=False)
 
     @property
     def view(self) -> CheckpointView | None:
@@ -107,7 +121,23 @@ class PreflightReport:
         key: str | None = None,
         severity: Severity = Severity.ERROR,
     ) -> None:
-        self.findings.append(Finding(check, f"{check}.{reason}", severity, message, file, key))
+        code = f"{check}.{reason}"
+        if self._stored[code] >= MAX_FINDINGS_PER_CODE:
+            self.add_omitted(check, reason, 1, severity=severity)
+            return
+        self._stored[code] += 1
+        self.findings.append(Finding(check, code, severity, message, file, key))
+
+    def add_omitted(self, check: str, reason: str, count: int, *, severity: Severity = Severity.ERROR) -> None:
+        """Count ``count`` more findings of this code without storing them (bulk checks)."""
+        if count <= 0:
+            return
+        code = f"{check}.{reason}"
+        self.omitted[code] = self.omitted.get(code, 0) + count
+        if severity is Severity.ERROR:
+            self._omitted_errors[code] += count
+        elif severity is Severity.WARNING:
+            self._omitted_warnings += count
 
     @property
     def errors(self) -> list[Finding]:
@@ -133,14 +163,27 @@ class PreflightReport:
         return self.clean and self.complete
 
     def codes(self) -> list[str]:
+        """The codes of the stored findings (see ``omitted`` for those only counted)."""
         return [f.code for f in self.findings]
+
+    @property
+    def error_count(self) -> int:
+        """Every error found, stored or only counted."""
+        return len(self.errors) + sum(self._omitted_errors.values())
+
+    @property
+    def warning_count(self) -> int:
+        """Every warning found, stored or only counted."""
+        return len(self.warnings) + self._omitted_warnings
 
     def summary(self) -> dict[str, Any]:
         by_check = Counter(f.check for f in self.errors)
+        for code, count in self._omitted_errors.items():
+            by_check[code.split(".", 1)[0]] += count
         return {
-            "errors": len(self.errors),
-            "warnings": len(self.warnings),
-            "info": len(self.findings) - len(self.errors) - len(self.warnings),
+            "errors": self.error_count,
+            "warnings": self.warning_count,
+            "info": len(self.findings) + sum(self.omitted.values()) - self.error_count - self.warning_count,
             "errors_by_check": {check: by_check[check] for check in CHECKS if by_check[check]},
             "shards": self.shards,
             "tensors": self.tensors,
@@ -157,6 +200,8 @@ class PreflightReport:
             "path": self.path,
             "summary": self.summary(),
             "findings": [f.to_dict() for f in self.findings],
+            # code → findings beyond MAX_FINDINGS_PER_CODE, counted not stored (only when any)
+            **({"omitted": dict(self.omitted)} if self.omitted else {}),
         }
 
     def to_json(self) -> str:
@@ -178,6 +223,7 @@ class PreflightReport:
             shown.append(f"... and {plural(hidden, 'more line')} (--all lists every finding, --json gives them as data)")
         elif summarize and len(lines) < len(ordered):
             shown.append("(similar findings summarized: --all lists every one)")
+        shown.extend(f"... and {plural(count, 'more ' + code + ' finding')} (counted, not stored)" for code, count in sorted(self.omitted.items()))
         if not self.clean:
             verdict = "INVALID:"
         elif not self.complete:
@@ -185,7 +231,7 @@ class PreflightReport:
         else:
             verdict = "VALID:"
         shown.append(
-            f"{verdict} {self.path}: {plural(len(self.errors), 'error')}, {plural(len(self.warnings), 'warning')}; "
+            f"{verdict} {self.path}: {plural(self.error_count, 'error')}, {plural(self.warning_count, 'warning')}; "
             f"{plural(self.shards, 'shard')}, {plural(self.tensors, 'tensor')}, profile {self.profile or 'unknown'}; "
             f"read {plural(self.bytes_read, 'byte')} in {format_duration(self.elapsed_s)}"
         )

@@ -21,6 +21,9 @@ QUANTIZATION_TYPE = "expert_wise_per_channel_symmetric"
 QUANTIZATION_DTYPE = "f8e4m3"
 FP8_MAX = 240.0
 PAD_MULTIPLE = 32
+# Bounds applied before any arithmetic or message uses a number (format §7).
+MAX_DIMENSION = 2**31  # dimension-like fields: config dimensions, padded sizes, degrees
+MAX_BYTE_COUNT = 2**53  # byte counts: total_size, header offsets, tensor sizes
 MODEL_TYPE = "gpt_oss"
 ARCHITECTURE = "GptOssForCausalLM"
 
@@ -94,19 +97,22 @@ CONFIG_FIELD_ALIASES: dict[str, tuple[str, ...]] = {
 
 
 class ConfigFieldError(ValueError):
-    """A ``config.json`` field needed for the namespace is missing or not a positive integer."""
+    """A ``config.json`` field needed for the namespace is missing, not an integer, or out of
+    1 … 2^31 (``reason``: ``bad_field`` or ``out_of_range``)."""
 
-    def __init__(self, field: str, problem: str) -> None:
+    def __init__(self, field: str, problem: str, reason: str = "bad_field") -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
         self.problem = problem
+        self.reason = reason
 
 
 def dims_from_config(config: Mapping[str, Any]) -> ModelDims:
     """Read the model dimensions from a parsed ``config.json``.
 
-    Raises ``ConfigFieldError`` naming the first field that is missing or is not a positive
-    integer (booleans and floats are refused: a dimension of ``2880.0`` is a broken config).
+    Raises ``ConfigFieldError`` naming the first field that is missing, is not an integer
+    (booleans and floats are refused: a dimension of ``2880.0`` is a broken config) or lies
+    outside 1 … 2^31 (checked before anything computes with it).
     """
     values: dict[str, int] = {}
     for field in ModelDims.__dataclass_fields__:
@@ -115,8 +121,12 @@ def dims_from_config(config: Mapping[str, Any]) -> ModelDims:
         if not present:
             raise ConfigFieldError(field, "missing")
         value = config[present[0]]
-        if type(value) is not int or value <= 0:
-            raise ConfigFieldError(present[0], f"must be a positive integer, found {value!r}")
+        if type(value) is not int:
+            shown = repr(value) if isinstance(value, (str, float, bool, type(None))) else type(value).__name__
+            raise ConfigFieldError(present[0], f"must be a positive integer, found {shown[:80]}")
+        if not 1 <= value <= MAX_DIMENSION:
+            shown = repr(value) if abs(value) < 10**30 else f"an integer of {value.bit_length():,} bits"
+            raise ConfigFieldError(present[0], f"must be an integer in 1 … 2^31, found {shown}", "out_of_range")
         values[field] = value
     return ModelDims(**values)
 
@@ -311,6 +321,30 @@ def foreign_name(key: str) -> tuple[str, str] | None:
         if pattern.search(key):
             return code, hint
     return None
+
+
+# Every name derived_reason, foreign_name or is_stray_scale can say something about contains
+# one of these (a superset test, exact tests follow per candidate).
+_HINT_CANDIDATE = re.compile(r"rank_util|sink|lm_head|Wqkv|unpadded|model\.|_blocks|_scales|\.mlp\.|block\.|embedding|norm|scale")
+
+
+def hinted_names(keys: set[str]) -> set[str]:
+    """The members of ``keys`` that may be derived, HF, legacy or stray-scale names.
+
+    One regular-expression scan over the joined names (C speed), so an index of millions of
+    plain phantom names costs no Python work per name.
+    """
+    if len(keys) < 1000:
+        return {key for key in keys if _HINT_CANDIDATE.search(key)}
+    joined = "\n".join(keys)
+    if joined.count("\n") != len(keys) - 1:  # a name holding a newline: test one by one
+        return {key for key in keys if _HINT_CANDIDATE.search(key)}
+    found = set()
+    for match in _HINT_CANDIDATE.finditer(joined):
+        start = joined.rfind("\n", 0, match.start()) + 1
+        end = joined.find("\n", match.end())
+        found.add(joined[start:end if end >= 0 else len(joined)])
+    return found
 
 
 def is_stray_scale(key: str) -> bool:

@@ -8,6 +8,8 @@ import hashlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from .files import open_regular
+
 CHUNK = 1 << 24  # bytes per update: memory stays at one chunk, progress moves in steps this size
 
 
@@ -19,7 +21,7 @@ def sha256_file(path: str, *, chunk: int = CHUNK, progress: ProgressCallback | N
     digest = hashlib.sha256()
     buffer = bytearray(chunk)
     view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
+    with open_regular(path, buffering=0) as handle:
         while count := handle.readinto(buffer):
             digest.update(view[:count])
             if progress:

@@ -24,7 +24,7 @@ from typing import Any
 from . import format as fmt
 from .errors import ConversionError, NotRegularFileError
 from .files import not_regular_reason, open_regular
-from .safetensors_header import HeaderError, parse_json_strict
+from .strict_json import JsonError, parse_json_strict
 
 # the files beside the weights that NxDI's demo and tokenizers read; copied into the output
 COMPANION_FILES = (
@@ -121,7 +121,7 @@ def _read_index(root: str) -> Any:
         raise ConversionError(f"{path} is larger than {MAX_INDEX_BYTES:,} bytes: not a GPT-OSS index")
     try:
         return parse_json_strict(raw.decode("utf-8"), what=fmt.INDEX_FILE)
-    except (UnicodeDecodeError, HeaderError) as exc:
+    except (UnicodeDecodeError, JsonError) as exc:
         raise ConversionError(f"{path} is not valid JSON ({exc})") from None
 
 

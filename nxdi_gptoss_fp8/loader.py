@@ -39,11 +39,12 @@ import torch
 
 from . import format as fmt
 from .binding import Binding, config_fingerprint
-from .checks import CheckpointView, allow_custom_from_env, config_attr, neuron_config_view, preflight
+from .checks import CheckpointView, allow_custom_from_env, preflight
 from .errors import FailedReportError, IntegrityError, LoadError, ReportBindingError
 from .findings import PreflightReport
 from .hashing import hash_buffers
 from .integrity import DIGESTS_KEY
+from .nxdi_config import config_attr, neuron_config_view
 from .safetensors_header import PREFIX_SIZE, FileIdentity, SafetensorsHeader
 
 logger = logging.getLogger(__name__)

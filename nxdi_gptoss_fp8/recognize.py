@@ -28,7 +28,8 @@ from typing import Any
 from . import format as fmt
 from .errors import NotRegularFileError
 from .files import file_kind, not_regular_reason, open_regular
-from .safetensors_header import HeaderError, parse_json_strict, read_header
+from .safetensors_header import HeaderError, read_header
+from .strict_json import JsonError, parse_json_strict
 
 MAX_ENTRIES = 10_000
 MAX_HEADERS = 4
@@ -197,7 +198,7 @@ class _Reader:
             return None
         try:
             return parse_json_strict(raw.decode("utf-8"), what=name)
-        except (UnicodeDecodeError, HeaderError) as exc:
+        except (UnicodeDecodeError, JsonError) as exc:
             self.rec.notes.append(f"{name}: not valid JSON ({exc}); run validate for details")
             return None
 

@@ -227,17 +227,21 @@ class Case:
     mutate: Callable[[Ckpt], Options | None]
     base: str
     sync: bool
+    code: str | None = None  # the exact finding code, where the case pins it
+    warning: bool = False  # a warning on an otherwise valid checkpoint (not an error)
 
 
 CASES: list[Case] = []
 
 
-def case(name: str, check: str, *, base: str = "tiny", sync: bool = True) -> Callable[[Callable[[Ckpt], Any]], Any]:
+def case(name: str, check: str, *, base: str = "tiny", sync: bool = True, code: str | None = None,
+         warning: bool = False) -> Callable[[Callable[[Ckpt], Any]], Any]:
     """Register a corpus case: ``mutate(ckpt)`` breaks a copy of the base checkpoint."""
     def register(mutate: Callable[[Ckpt], Options | None]) -> Callable[[Ckpt], Options | None]:
         assert check in _CHECKS, check
+        assert code is None or code.startswith(check + "."), code
         assert all(c.name != name for c in CASES), name
-        CASES.append(Case(name, check, mutate, base, sync))
+        CASES.append(Case(name, check, mutate, base, sync, code, warning))
         return mutate
     return register
 
@@ -501,10 +505,10 @@ def _(ck: Ckpt) -> None:
 # ============================================================================ header
 
 
-def _header_case(name: str, check: str = "header") -> Callable[[Callable[[Ckpt, str], Any]], Any]:
+def _header_case(name: str, check: str = "header", code: str | None = None) -> Callable[[Callable[[Ckpt, str], Any]], Any]:
     """A case that breaks the header of the shard holding norm.weight."""
     def register(mutate: Callable[[Ckpt, str], Any]) -> Callable[[Ckpt, str], Any]:
-        case(name, check)(lambda ck: mutate(ck, ck.shard_of("norm.weight")))
+        case(name, check, code=code)(lambda ck: mutate(ck, ck.shard_of("norm.weight")))
         return mutate
     return register
 
@@ -985,9 +989,9 @@ def _(ck: Ckpt) -> None:
 # ============================================================================ neuron_config
 
 
-def _neuron_case(name: str, **changes: Any) -> None:
+def _neuron_case(name: str, code: str | None = None, **changes: Any) -> None:
     config = {**GOOD_NEURON_CONFIG, **changes}
-    case(name, "neuron_config")(lambda ck: {"neuron_config": config})
+    case(name, "neuron_config", code=code and f"neuron_config.{code}")(lambda ck: {"neuron_config": config})
 
 
 _neuron_case("nc_not_quantized", quantized=False)
@@ -1022,6 +1026,210 @@ def _(ck: Ckpt) -> Options:
 def _(ck: Ckpt) -> Options:
     ck.edit_index(lambda doc: doc["metadata"].pop("shard_sha256"))
     return {"verify_checksums": True}
+
+
+# ============================================================================ bounds and trust (format §7)
+
+
+def _replace_first_number(ck: Ckpt, shard: str, field: str, old: str, new: str) -> None:
+    """Rewrite the first ``"field":[old`` number of ``shard``'s header as the literal ``new``."""
+    text, data = ck.raw_header(shard)
+    needle = f'"{field}":[{old}'.encode()
+    assert needle in text, needle
+    ck.write_raw(shard, text.replace(needle, f'"{field}":[{new}'.encode(), 1), data)
+
+
+def _first_entry(ck: Ckpt, shard: str) -> tuple[str, dict[str, Any]]:
+    document = json.loads(ck.raw_header(shard)[0])
+    name = min((k for k in document if k != "__metadata__"), key=lambda k: document[k]["data_offsets"][0])
+    return name, document[name]
+
+
+def _not_plain_offset(name: str, literal: Callable[[int], str]) -> None:
+    """The first tensor's end offset (or its begin 0) written as a number that is not a plain integer."""
+    @case(name, "header", code="header.bad_offsets")
+    def _(ck: Ckpt) -> None:
+        shard = ck.shard_of("norm.weight")
+        _, entry = _first_entry(ck, shard)
+        begin, end = entry["data_offsets"]
+        _replace_first_number(ck, shard, "data_offsets", f"{begin},{end}", f"{begin},{literal(end)}")
+
+
+@_header_case("offset_written_minus_zero", code="header.bad_offsets")
+def _(ck: Ckpt, shard: str) -> None:
+    _replace_first_number(ck, shard, "data_offsets", "0,", "-0,")  # Python's json reads -0 as 0
+
+
+_not_plain_offset("offset_written_as_float", lambda end: f"{end}.0")
+_not_plain_offset("offset_written_with_exponent", lambda end: f"{end}e0")
+_not_plain_offset("offset_written_with_capital_exponent", lambda end: f"{end / 10:g}E1" if end % 10 == 0 else f"{end}E0")
+_not_plain_offset("offset_written_as_huge_float", lambda end: "1e400")
+
+
+@case("shape_written_minus_zero_float", "header", code="header.bad_shape")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("norm.weight")
+    _, entry = _first_entry(ck, shard)
+    _replace_first_number(ck, shard, "shape", str(entry["shape"][0]), "-0.0")
+
+
+@case("shape_written_with_exponent", "header", code="header.bad_shape")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("norm.weight")
+    _, entry = _first_entry(ck, shard)
+    _replace_first_number(ck, shard, "shape", str(entry["shape"][0]), f"{entry['shape'][0]}e0")
+
+
+@case("config_attention_bias_absent", "config", code="config.no_attention_bias")
+def _(ck: Ckpt) -> None:
+    config = ck.load(fmt.CONFIG_FILE)
+    config.pop("attention_bias")
+    ck.save(fmt.CONFIG_FILE, config)
+
+
+@case("config_attention_bias_false", "config", code="config.no_attention_bias")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(attention_bias=False)
+
+
+@case("config_attention_bias_string_true", "config", code="config.no_attention_bias")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(attention_bias="true")
+
+
+@case("config_original_hidden_size_differs", "config", code="config.original_size_mismatch")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(original_hidden_size=32)
+
+
+@case("config_original_intermediate_size_differs", "config", code="config.original_size_mismatch")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(original_intermediate_size=96)
+
+
+@case("config_num_hidden_layers_4300_digits", "config", code="config.number_too_large")
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.CONFIG_FILE, '"num_hidden_layers": 2', '"num_hidden_layers": 1' + "0" * 4299)
+
+
+@case("config_dimension_above_2_31", "config", code="config.out_of_range")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(vocab_size=2**31 + 1)
+
+
+@case("config_dimension_negative", "config", code="config.out_of_range")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(num_key_value_heads=-2)
+
+
+@case("config_heads_times_head_dim_2_62", "dtype_shape", code="dtype_shape.wrong_shape")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(num_attention_heads=2**31, head_dim=2**31)
+
+
+@case("index_padded_intermediate_4300_digits", "index", code="index.number_too_large", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.INDEX_FILE, '"padded_intermediate_size": 64', '"padded_intermediate_size": 6' + "4" * 4299)
+
+
+@case("index_padded_hidden_above_2_31", "index", code="index.out_of_range")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(padded_hidden_size=2**40 + 64)
+
+
+@case("index_total_size_above_2_53", "index", code="index.out_of_range", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(total_size=2**60)
+
+
+def _outside_link(ck: Ckpt, name: str) -> None:
+    outside = ck.root.parent / f"{ck.root.name}-outside-{name}"
+    shutil.move(ck.root / name, outside)
+    (ck.root / name).symlink_to(outside)
+
+
+@case("config_link_outside_directory", "filesystem", code="filesystem.link_outside")
+def _(ck: Ckpt) -> None:
+    _outside_link(ck, fmt.CONFIG_FILE)
+
+
+@case("index_link_outside_directory", "filesystem", code="filesystem.link_outside", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.sync()
+    _outside_link(ck, fmt.INDEX_FILE)
+
+
+@case("listed_shard_not_safetensors", "filesystem", code="filesystem.not_safetensors")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("norm.weight")
+    (ck.root / shard).rename(ck.root / "norm.bin")
+    ck.edit_index(lambda doc: doc["weight_map"].update(
+        {k: "norm.bin" for k, v in doc["weight_map"].items() if v == shard}))
+
+
+def _not_a_file(name: str, target: Callable[[Ckpt], str], make: Callable[[Path], None], sync: bool = True) -> None:
+    @case(name, "filesystem", code="filesystem.not_a_file", sync=sync)
+    def _(ck: Ckpt) -> None:
+        path = ck.root / target(ck)
+        path.unlink()
+        make(path)
+
+
+_not_a_file("config_is_a_fifo", lambda ck: fmt.CONFIG_FILE, os.mkfifo)
+_not_a_file("index_is_a_fifo", lambda ck: fmt.INDEX_FILE, os.mkfifo, sync=False)
+_not_a_file("shard_is_a_fifo", lambda ck: ck.shard_of("norm.weight"), os.mkfifo)
+_not_a_file("config_is_a_directory", lambda ck: fmt.CONFIG_FILE, os.mkdir)
+
+
+@case("original_subdirectory_with_weights", "filesystem", code="filesystem.nested_weight_files", warning=True)
+def _(ck: Ckpt) -> None:
+    (ck.root / "original").mkdir()
+    (ck.root / "original" / "model.safetensors").write_bytes(b"\x00" * 16)
+    (ck.root / "original" / "consolidated.00.pth").write_bytes(b"\x80\x02.")
+
+
+@case("subnormal_scale", "values", code="values.bad_scale")
+def _(ck: Ckpt) -> None:
+    ck.poke(GATE_UP_S, 4 * 9, _f32(1e-40))
+
+
+@case("smallest_subnormal_scale", "values", code="values.bad_scale")
+def _(ck: Ckpt) -> None:
+    ck.poke(DOWN_S, 4 * 2, struct.pack("<I", 1))
+
+
+@case("all_scales_zero_preallocated", "values", code="values.bad_scale")
+def _(ck: Ckpt) -> None:
+    for key in (GATE_UP_S, DOWN_S):
+        size = read_header(ck.root / ck.shard_of(key)).tensors[key].nbytes
+        ck.poke(key, 0, bytes(size))
+
+
+_neuron_case("nc_quantized_mlp_kernel_enabled", "quantization_rewritten", quantized_mlp_kernel_enabled=True)
+_neuron_case("nc_activation_quantization_type", "quantization_rewritten", activation_quantization_type="dynamic")
+_neuron_case("nc_hybrid_sharding_config", "hybrid_sharding", hybrid_sharding_config={"moe_cte_tp_degree": 2, "moe_tkg_tp_degree": 2})
+_neuron_case("nc_tp_degree_above_2_31", "bad_degree", tp_degree=2**31 + 2)
+_neuron_case("nc_padded_size_above_2_31", "out_of_range", padded_intermediate_size=2**40)
+
+
+def _nested_case(name: str, code: str, **model: Any) -> None:
+    # a nested file's model part is an InferenceConfig serialized: the same codes as at load
+    @case(name, "config", code=f"config.{code}")
+    def _(ck: Ckpt) -> Options:
+        config = ck.load(fmt.CONFIG_FILE)
+        config.update(model)
+        config.pop("quantization_config", None)
+        return {"neuron_config": {**config, "neuron_config": GOOD_NEURON_CONFIG}}
+
+
+_nested_case("nc_nested_file_disagrees_on_experts", "nxdi_config_mismatch", num_local_experts=8, num_experts=8)
+_nested_case("nc_nested_file_without_attention_bias", "no_attention_bias", attention_bias=False)
+_nested_case("nc_nested_file_original_hidden_differs", "original_size_mismatch", original_hidden_size=32)
+
+
+@case("nc_unknown_key_tp_degre", "neuron_config", code="neuron_config.unknown_key", warning=True)
+def _(ck: Ckpt) -> Options:
+    return {"neuron_config": {**GOOD_NEURON_CONFIG, "tp_degre": 4}}
 
 
 # ============================================================================ command line

@@ -32,6 +32,8 @@ from ckpt_edit import (
     shards,
     write_raw,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nxdi_gptoss_fp8 import PreflightError, preflight
 from nxdi_gptoss_fp8 import format as fmt
@@ -346,6 +348,7 @@ def test_padded_neuron_config(tiny_padded_template: Path) -> None:
 
 def test_inference_config_mismatch(tiny_template: Path) -> None:
     class InferenceConfig:
+        attention_bias = True
         hidden_size = 96  # NxDI stores the padded size here ...
         original_hidden_size = 64  # ... and the checkpoint's here
         num_hidden_layers = 2
@@ -404,10 +407,36 @@ def _pad_header_with(ckpt: Path, pad: bytes) -> None:
     [
         ([1.0, 2.0, 0.5], 0, 0, 0, 0),
         ([1.0, 0.0, -0.0], 2, 1, 2, 0),
-        ([float("inf"), float("nan"), 1e-40], 2, 0, 0, 2),
-        ([-1.0, 3.4e38, 1e-45], 1, 1, 0, 0),
+        ([float("inf"), float("nan"), 1e-40], 3, 0, 0, 2),  # a subnormal scale is bad too (flushed to zero)
+        ([-1.0, 3.4e38, 1e-45], 2, 1, 0, 0),
     ],
 )
 def test_scale_stats(values: list[float], bad: int, negative: int, zero: int, non_finite: int) -> None:
     stats = scale_stats(struct.pack(f"<{len(values)}f", *values))
     assert (stats.bad, stats.negative, stats.zero, stats.non_finite) == (bad, negative, zero, non_finite)
+
+
+def _reference_stats(bits: list[int]) -> tuple[int, int, int, int, int, int]:
+    """Per value, in Python: the definition ``scale_stats`` computes with C loops."""
+    bad = negative = zero = non_finite = subnormal = 0
+    first = -1
+    for index, value in enumerate(bits):
+        sign, exponent, mantissa = value >> 31, (value >> 23) & 0xFF, value & 0x7FFFFF
+        if sign or exponent in (0, 255):
+            bad += 1
+            first = index if first < 0 else first
+        negative += sign
+        zero += exponent == 0 and mantissa == 0
+        subnormal += exponent == 0 and mantissa != 0
+        non_finite += exponent == 255
+    return bad, negative, zero, non_finite, subnormal, first
+
+
+_SPECIAL_BITS = [0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0x7F800000, 0xFF800000,
+                 0x7FC00000, 0x3F800000, 0xBF800000]
+
+
+@given(st.lists(st.sampled_from(_SPECIAL_BITS) | st.integers(0, 2**32 - 1), max_size=40))
+def test_scale_stats_matches_the_per_value_definition(bits: list[int]) -> None:
+    stats = scale_stats(struct.pack(f"<{len(bits)}I", *bits))
+    assert (stats.bad, stats.negative, stats.zero, stats.non_finite, stats.subnormal, stats.first_bad) == _reference_stats(bits)

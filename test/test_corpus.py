@@ -22,8 +22,11 @@ from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.findings import CHECKS
 
 REPO = Path(__file__).resolve().parent.parent
-IDS = [entry.name for entry in CASES]
-PARAMS = [(entry.name, entry.check) for entry in CASES]
+ERROR_CASES = [entry for entry in CASES if not entry.warning]
+IDS = [entry.name for entry in ERROR_CASES]
+PARAMS = [(entry.name, entry.check) for entry in ERROR_CASES]
+CODES = {entry.name: entry.code for entry in CASES}
+WARNING_CASES = [entry for entry in CASES if entry.warning]
 HAS_LOADER = importlib.util.find_spec("nxdi_gptoss_fp8.loader") is not None
 
 
@@ -55,7 +58,7 @@ def _no_custom_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_corpus_is_large_named_and_covers_every_check() -> None:
     assert len(CASES) >= 50
-    assert len(set(IDS)) == len(IDS)
+    assert len({entry.name for entry in CASES}) == len(CASES)
     assert {entry.check for entry in CASES} == set(CHECKS)
 
 
@@ -72,8 +75,19 @@ def test_preflight_reports_the_expected_check(built: Callable[[str], tuple[Path,
     report = preflight(path, **options)
     assert not report.ok
     assert check in {f.check for f in report.errors}, report.render_text()
+    if CODES[name]:
+        assert CODES[name] in {f.code for f in report.errors}, report.render_text()
     report.render_text()
     json.loads(report.to_json())
+
+
+@pytest.mark.parametrize("name", [entry.name for entry in WARNING_CASES])
+def test_warning_cases_warn_with_their_code(built: Callable[[str], tuple[Path, Options]], name: str) -> None:
+    """Classes that are warnings: the checkpoint stays valid, the warning names the problem."""
+    path, options = built(name)
+    report = preflight(path, **options)
+    assert report.ok, report.render_text()
+    assert CODES[name] in {f.code for f in report.warnings}, report.render_text()
 
 
 def cli_argv(path: Path, options: Options, workdir: Path) -> list[str]:
@@ -107,7 +121,7 @@ def test_cli_exits_1_without_traceback(built: Callable[[str], tuple[Path, Option
         assert code == cli.EXIT_USAGE and out == "" and len(err.strip().splitlines()) == 1
     else:
         assert code == cli.EXIT_FINDINGS
-        assert f"ERROR {check}." in out
+        assert f"ERROR {CODES[name] or check + '.'}" in out
 
 
 # One case per kind of input the command line prints (and the names from disk that are not

@@ -198,3 +198,77 @@ def test_mutation_helpers() -> None:
 def test_base_files_exist(base: FuzzBase) -> None:
     assert set(base.names) == {p.name for p in Path(base.pristine).iterdir()}
     assert len(base.shards) >= 3
+
+
+# ------------------------------------------------- never raises: mutated JSON values, numbers included
+
+NUMBERS = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, -1, 1, 2**31, 2**31 + 1, 2**53, 2**53 + 1, 2**63, 2**64, 10**30, 10**4299]),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+VALUES = st.recursive(
+    st.none() | st.booleans() | NUMBERS | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+NEURON_KEYS = ["quantized", "quantization_dtype", "quantization_type", "tp_degree", "moe_ep_degree", "moe_tp_degree",
+               "padded_hidden_size", "padded_intermediate_size", "modules_to_not_convert", "fused_qkv",
+               "quantized_mlp_kernel_enabled", "activation_quantization_type", "hybrid_sharding_config", "tp_degre"]
+CONFIG_KEYS = [*fmt.ModelDims.__dataclass_fields__, "num_experts", "experts_per_token", "attention_bias",
+               "original_hidden_size", "original_intermediate_size", "model_type", "architectures", "quantization_config"]
+METADATA_KEYS = [*fmt.REQUIRED_METADATA, "shard_sha256", "source"]
+# number literals as the raw header text may hold them (not all are plain JSON integers)
+LITERALS = st.sampled_from(["-0", "0.0", "-0.0", "1e2", "1E2", "1e400", "18446744073709551616", "9007199254740993",
+                            "1" + "0" * 30, "1" + "0" * 5000, "-1", "64"])
+
+
+def _never_raises(base: FuzzBase, neuron_config: Any = None) -> None:
+    try:
+        report = preflight(base.work, allow_custom_model=True, neuron_config=neuron_config)
+    except Exception as exc:  # the property: preflight never raises, on any input
+        raise AssertionError(f"preflight raised {type(exc).__name__}: {exc}") from exc
+    report.render_text()
+    json.loads(report.to_json())
+    for finding in report.findings:
+        assert len(finding.message) < 2000, finding.code
+
+
+@given(st.dictionaries(st.sampled_from(CONFIG_KEYS), VALUES, min_size=1, max_size=4),
+       st.dictionaries(st.sampled_from(METADATA_KEYS), VALUES, max_size=3),
+       st.none() | st.dictionaries(st.sampled_from(NEURON_KEYS), VALUES, max_size=5), st.booleans())
+def test_preflight_never_raises_on_mutated_json_values(base: FuzzBase, config: dict, metadata: dict,
+                                                      neuron_config: dict | None, nested: bool) -> None:
+    document = json.loads(base.files[fmt.CONFIG_FILE])
+    document.update(config)
+    index = json.loads(base.files[fmt.INDEX_FILE])
+    index["metadata"].update(metadata)
+    if nested and neuron_config is not None:
+        neuron_config = {**document, "neuron_config": neuron_config}
+    try:
+        base.put(fmt.CONFIG_FILE, json.dumps(document).encode())
+        base.put(fmt.INDEX_FILE, json.dumps(index).encode())
+        timed(lambda: _never_raises(base, neuron_config))
+    finally:
+        base.restore(fmt.CONFIG_FILE)
+        base.restore(fmt.INDEX_FILE)
+
+
+@given(st.data(), st.sampled_from(["shape", "data_offsets"]), LITERALS)
+def test_preflight_never_raises_on_header_number_literals(base: FuzzBase, data: st.DataObject, field: str, literal: str) -> None:
+    shard = data.draw(st.sampled_from(base.shards))
+    raw = base.files[shard]
+    (length,) = struct.unpack("<Q", raw[:8])
+    text = raw[8:8 + length].decode()
+    position = data.draw(st.sampled_from([i for i in range(len(text)) if text.startswith(f'"{field}":[', i)]))
+    start = position + len(field) + 4
+    end = start + len(text[start:]) - len(text[start:].lstrip("0123456789"))
+    mutated = (text[:start] + literal + text[end:]).encode()
+    try:
+        base.put(shard, struct.pack("<Q", len(mutated)) + mutated + raw[8 + length:])
+        timed(lambda: _never_raises(base))
+        if literal not in text[start:end] and not literal.isdigit():
+            report = preflight(base.work, allow_custom_model=True)
+            assert not report.ok and any(f.code in ("header.bad_shape", "header.bad_offsets") for f in report.errors)
+    finally:
+        base.restore(shard)

@@ -754,3 +754,44 @@ def test_package_exposes_the_hook_and_loader_lazily() -> None:
     assert nxdi_gptoss_fp8.unregister is nxdi_hook.unregister
     assert nxdi_gptoss_fp8.is_registered is nxdi_hook.is_registered
     assert nxdi_gptoss_fp8.load_state_dict is loader.load_state_dict
+
+
+def _set(target: str, name: str, value: Any) -> Callable[[Any], None]:
+    def change(config: Any) -> None:
+        obj = config.neuron_config if target == "neuron" else config
+        if value is _DELETE:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, value)
+    return change
+
+
+_DELETE = object()
+# Verdicts the hook path gets from NxDI's own objects: the same rules (one function) as the
+# command line applies to config.json and a --neuron-config JSON.
+HOOK_CONFIG_FAULTS: dict[str, tuple[Callable[[Any], None], str]] = {
+    "attention_bias_false": (_set("model", "attention_bias", False), "config.no_attention_bias"),
+    "attention_bias_absent": (_set("model", "attention_bias", _DELETE), "config.no_attention_bias"),
+    "original_intermediate_differs": (_set("model", "original_intermediate_size", 32), "config.original_size_mismatch"),
+    "original_hidden_differs": (_set("model", "original_hidden_size", 96), "config.original_size_mismatch"),
+    "quantized_mlp_kernel": (_set("neuron", "quantized_mlp_kernel_enabled", True), "neuron_config.quantization_rewritten"),
+    "activation_quantization": (_set("neuron", "activation_quantization_type", "dynamic"), "neuron_config.quantization_rewritten"),
+    "hybrid_sharding": (_set("neuron", "hybrid_sharding_config", SimpleNamespace(moe_tkg_tp_degree=2)), "neuron_config.hybrid_sharding"),
+    "tp_degree_2_40": (_set("neuron", "tp_degree", 2**40), "neuron_config.bad_degree"),
+    "padded_size_4300_digits": (_set("neuron", "padded_intermediate_size", 10**4299), "neuron_config.out_of_range"),
+}
+
+
+@pytest.mark.parametrize("fault", list(HOOK_CONFIG_FAULTS))
+def test_nxdi_objects_get_the_json_rules(nxdi: SimpleNamespace, tiny_template: Path, fault: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    change, code = HOOK_CONFIG_FAULTS[fault]
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    nxdi_hook.register()
+    config = make_config(nxdi, tiny_template)
+    change(config)
+    app = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM(str(tiny_template), config)
+    with pytest.raises(PreflightError) as caught:
+        app.checkpoint_loader_fn()
+    assert code in caught.value.codes, caught.value.codes
+    assert nxdi.modeling_gpt_oss.CALLS == []

@@ -20,9 +20,9 @@ from nxdi_gptoss_fp8.safetensors_header import (
     FileIdentity,
     HeaderError,
     parse_header_bytes,
-    parse_json_strict,
     read_header,
 )
+from nxdi_gptoss_fp8.strict_json import JsonError, parse_json_strict
 
 TORCH_DTYPES = {
     torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float8_e4m3fn: "F8_E4M3",
@@ -130,14 +130,15 @@ def test_length_is_checked_before_anything_is_read(tmp_path: Path, monkeypatch: 
         def __exit__(self, *exc: object) -> None:
             self.handle.close()
 
-    monkeypatch.setattr("builtins.open", lambda *a, **k: Spy(real_open(*a, **k)))
+    # the reader opens through files.open_regular (never blocking on a FIFO): spy on what it returns
+    monkeypatch.setattr("nxdi_gptoss_fp8.safetensors_header.open_regular", lambda p: Spy(real_open(p, "rb")))
     with pytest.raises(HeaderError):
         read_header(path)
     assert sizes == [8]
 
 
 def test_deeply_nested_json_is_a_clean_error() -> None:
-    with pytest.raises(HeaderError) as raised:
+    with pytest.raises(JsonError) as raised:
         parse_json_strict("[" * 100_000 + "]" * 100_000)
     assert raised.value.code == "too_deep"
 

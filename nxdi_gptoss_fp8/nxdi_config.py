@@ -1,0 +1,256 @@
+"""NxDI's configuration, read one way: NxDI objects at load, JSON in the command line.
+
+NxDI hands the hook an ``InferenceConfig`` (model fields as attributes, the ``NeuronConfig`` in
+``.neuron_config``); the command line reads the same thing from JSON, flat (NeuronConfig
+attributes only) or nested as NxDI saves ``neuron_config.json`` (model fields at the top,
+``neuron_config`` inside). ``config_attr`` reads either; the rules below (format §6, the
+``config`` and ``neuron_config`` rows) are one function each, applied to both, and return
+``Problem`` values that the preflight turns into findings. Stdlib only.
+
+Every number from a config is bounded before arithmetic or a message uses it: dimension-like
+fields to 1 … 2^31 (``bounded_int``), and values are shown with ``describe`` (a huge integer
+is never converted to text).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import format as fmt
+
+MAX_DIMENSION = fmt.MAX_DIMENSION
+# NxD's substring rule costs (paths × entries); real configs have a handful of entries
+MAX_EXCLUSION_WORK = 2_000_000
+
+# The attributes NxDI 0.9's NeuronConfig, MoENeuronConfig and GptOssNeuronConfig take (their
+# keyword arguments), plus this package's own opt-in. A JSON key outside this set is dropped by
+# NxDI with only a log line, so the preflight warns and names the nearest known key.
+KNOWN_NEURON_CONFIG_KEYS: frozenset[str] = frozenset(["activation_quantization_type", "allow_input_truncation", "apply_seq_ids_mask", "async_mode", "attention_dp_degree", "attention_dtype", "attn_block_cte_nki_kernel_enabled", "attn_block_tkg_nki_kernel_cache_update", "attn_block_tkg_nki_kernel_cascaded_attention", "attn_block_tkg_nki_kernel_disable_gpsimd_sb2sb", "attn_block_tkg_nki_kernel_enabled", "attn_block_tkg_nki_kernel_use_online_softmax", "attn_cls", "attn_kernel_enabled", "attn_tkg_builtin_kernel_enabled", "attn_tkg_nki_kernel_enabled", "batch_size", "bucket_n_active_tokens", "buckets", "cast_type", "cc_pipeline_tiling_factor", "chunked_prefill_config", "context_encoding_buckets", "cp_degree", "ctx_batch_size", "disable_argmax_kernel", "disable_kv_cache_tiling", "disable_numeric_cc_token", "dma_order_config", "draft_model_modules_to_not_convert", "eagle_rolling_buffer_kernel_enabled", "enable_bucketing", "enable_cte_modular_flow", "enable_eagle_draft_input_norm", "enable_eagle_speculation", "enable_fused_speculation", "enable_long_context_mode", "enable_output_completion_notifications", "enable_spill_reload_dge", "enable_token_tree", "enable_ve_data_parallel", "ep_degree", "ep_dispatch_cc_option", "expert_mlp_nki_kernel_enabled", "flash_decoding_enabled", "fused_qkv", "fused_rmsnorm_skip_gamma", "is_block_kv_layout", "is_chunked_prefill", "is_continuous_batching", "is_eagle3", "is_eagle_draft", "is_full_model_shuffled", "is_hidden_dim_shuffled", "is_intermediate_dim_shuffled", "is_medusa", "is_mxfp4_compute", "is_prefill_stage", "is_prefix_caching", "k_cache_transposed", "kv_cache_batch_size", "kv_cache_padding_size", "kv_cache_quant", "kv_cache_tiling", "kv_cache_update_with_kernel", "kv_quant_config", "layer_boundary_markers", "lm_head_pad", "lm_head_pad_alignment_size", "local_ranks_size", "logical_nc_config", "logical_neuron_cores", "lora_config", "max_batch_size", "max_context_length", "max_length", "max_new_tokens", "medusa_speculation_length", "medusa_tree", "mlp_cp_degree", "mlp_kernel_enabled", "mlp_kernel_fuse_residual_add", "mlp_tkg_nki_kernel_enabled", "modules_to_not_convert", "moe_fused_nki_kernel_enabled", "n_active_tokens", "n_positions", "num_medusa_heads", "on_cpu", "on_device_sampling_config", "out_proj_kernel_enabled", "output_logits", "overrides_torch_dtype", "pa_block_size", "pa_num_blocks", "padded_hidden_size", "padded_intermediate_size", "padding_side", "pp_degree", "pre_rope_rmsnorm", "prefix_buckets", "qk_layernorm", "qkv_cte_nki_kernel_fuse_rope", "qkv_kernel_enabled", "qkv_kernel_fuse_residual_add", "qkv_kernel_nbsd_layout", "qkv_nki_kernel_enabled", "quantization_block_axis", "quantization_block_size", "quantization_dtype", "quantization_scale_dtype", "quantization_type", "quantize_clamp_bound", "quantized", "quantized_checkpoints_path", "quantized_mlp_kernel_enabled", "rmsnorm_quantize_kernel_enabled", "router_topk_nki_kernel_enabled", "rpl_reduce_dtype", "save_sharded_checkpoint", "scratchpad_page_size", "seq_len", "seq_len_threshold_for_cc_tiling", "sequence_parallel_enabled", "shared_mlp_nki_kernel_enabled", "skip_sharding", "skip_warmup", "spec_batch_size", "speculation_length", "start_rank_id", "strided_context_parallel_kernel_enabled", "switch_cc", "target", "tensor_capture_config", "tensor_replacement_config", "tile_cc", "tkg_batch_size", "token_generation_batches", "token_generation_buckets", "token_tree_config", "torch_dtype", "tp_degree", "vocab_parallel", "weight_gather_seq_len_threshold", "weights_to_skip_layout_optimization", "windowed_context_encoding_size", "world_size", "blockwise_matmul_config", "capacity_factor", "disable_normalize_top_k_affinities", "early_expert_affinity_modulation", "fused_shared_experts", "gate_clamp_lower_limit", "gate_clamp_upper_limit", "glu_mlp", "glu_type", "hidden_act_bias", "hidden_act_scaling_factor", "hybrid_sharding_config", "moe_ep_degree", "moe_mask_padded_tokens", "moe_tp_degree", "normalize_top_k_affinities", "return_expert_index", "return_router_logits", "router_act_fn", "router_config", "router_dtype", "shared_experts_sequence_parallel_enabled", "transpose_shared_experts_weights", "up_clamp_lower_limit", "up_clamp_upper_limit", "use_index_calc_kernel", "sliding_window_attention_dp_degree", "checkpoint_format"])
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One rule broken by a config: becomes a finding (``check``.``reason``) of the preflight."""
+
+    check: str
+    reason: str
+    message: str
+    key: str | None = None
+    warning: bool = False
+
+
+def config_attr(source: Any, name: str, default: Any = None) -> Any:
+    """Attribute ``name`` of an NxDI config object, or key ``name`` of a mapping standing in for one."""
+    if isinstance(source, Mapping):
+        return source.get(name, default)
+    return getattr(source, name, default)
+
+
+def neuron_config_view(neuron_config: Any) -> Any:
+    """The NeuronConfig attributes of whatever the caller passed (object, flat or nested mapping)."""
+    if isinstance(neuron_config, Mapping):
+        inner = neuron_config.get("neuron_config")
+        return inner if isinstance(inner, Mapping) else neuron_config
+    inner = getattr(neuron_config, "neuron_config", None)
+    return inner if inner is not None else neuron_config
+
+
+def model_part(neuron_config: Any) -> Mapping[str, Any] | None:
+    """The model fields of a nested NxDI config mapping (everything beside ``neuron_config``)."""
+    if isinstance(neuron_config, Mapping) and isinstance(neuron_config.get("neuron_config"), Mapping):
+        return {key: value for key, value in neuron_config.items() if key != "neuron_config"}
+    return None
+
+
+def describe(value: Any, limit: int = 80) -> str:
+    """A short, always-computable rendering of a config value for a message."""
+    if type(value) is int:
+        return repr(value) if -(10**30) < value < 10**30 else f"an integer of {value.bit_length():,} bits"
+    if isinstance(value, str):
+        text = repr(value[:limit])
+    elif isinstance(value, (float, bool, type(None))):
+        text = repr(value)
+    elif isinstance(value, (list, tuple, dict)):
+        text = f"a {type(value).__name__} of {len(value):,} items"
+    else:  # never call a foreign __repr__: it may be huge or raise
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def bounded_int(value: Any, low: int = 1, high: int = MAX_DIMENSION) -> int | None:
+    """``value`` if it is an int (not a bool) within ``low`` … ``high``, else None."""
+    return value if type(value) is int and low <= value <= high else None
+
+
+def _aliased(source: Any, field: str) -> tuple[str, Any]:
+    for name in fmt.CONFIG_FIELD_ALIASES.get(field, (field,)):
+        value = config_attr(source, name)
+        if value is not None:
+            return name, value
+    return field, None
+
+
+# --------------------------------------------------------------------------- model config
+
+
+def model_config_problems(source: Any, dims: fmt.ModelDims | None, *, check: str, what: str,
+                          compare_dims: bool) -> list[Problem]:
+    """What NxDI would build wrong from the model fields of ``source``.
+
+    ``source`` is ``config.json`` (``compare_dims=False``: the dimensions came from it),
+    NxDI's InferenceConfig, or a nested config file's model part (their dimensions must
+    equal the checkpoint's; NxDI keeps H'/I' in hidden/intermediate_size and H/I in
+    ``original_*``). Rules: ``attention_bias`` must be true (else NxDI builds attention without
+    the stored q/k/v/o biases and drops them with a warning); ``original_hidden_size`` /
+    ``original_intermediate_size``, when present, must equal H / I (NxDI adds the up-projection
+    bias +1 to only that many columns).
+    """
+    problems: list[Problem] = []
+    bias = config_attr(source, "attention_bias")
+    if bias is not True:
+        problems.append(Problem(
+            check, "no_attention_bias",
+            f"{what} has attention_bias={describe(bias)}: NxDI then builds attention without biases and drops "
+            "the checkpoint's q/k/v/o biases with only a warning; set \"attention_bias\": true",
+            "attention_bias"))
+    originals = {"hidden_size": "original_hidden_size", "intermediate_size": "original_intermediate_size"}
+    if dims is None:
+        return problems
+    for field, original in originals.items():
+        value = config_attr(source, original)
+        if value is not None and value != getattr(dims, field):
+            problems.append(Problem(
+                check, "original_size_mismatch",
+                f"{what} has {original}={describe(value)} but the checkpoint's {field} is {getattr(dims, field)}: "
+                f"NxDI would treat only that many columns as real; remove {original} or set it to {getattr(dims, field)}",
+                original))
+    if not compare_dims:
+        return problems
+    for field, expected in dims.as_dict().items():
+        if field in originals and config_attr(source, originals[field]) is not None:
+            continue  # NxDI holds H'/I' here; the original_* rule above checked H/I
+        name, found = _aliased(source, field)
+        if found is not None and found != expected:
+            problems.append(Problem(
+                check, "nxdi_config_mismatch",
+                f"{what} has {name}={describe(found)}, the checkpoint's config.json {expected}: "
+                "compile with the checkpoint's config", name))
+    return problems
+
+
+def has_model_fields(source: Mapping[str, Any]) -> bool:
+    """Whether a nested file's model part carries any model dimension (else it says nothing)."""
+    return any(name in source for field in fmt.ModelDims.__dataclass_fields__
+               for name in fmt.CONFIG_FIELD_ALIASES.get(field, (field,)))
+
+
+# --------------------------------------------------------------------------- neuron config
+
+
+def unknown_key_problems(nc: Mapping[str, Any]) -> list[Problem]:
+    """A warning per key NxDI's NeuronConfig does not take, naming the nearest known key."""
+    problems = []
+    for key in list(nc)[:10_000]:
+        if key in KNOWN_NEURON_CONFIG_KEYS:
+            continue
+        shown = key[:80]
+        nearest = difflib.get_close_matches(key[:200], KNOWN_NEURON_CONFIG_KEYS, n=1, cutoff=0.6)
+        hint = f": did you mean {nearest[0]!r}?" if nearest else ""
+        problems.append(Problem(
+            "neuron_config", "unknown_key",
+            f"{shown!r} is not a NeuronConfig attribute; NxDI drops it with only a log line{hint}",
+            shown, warning=True))
+    return problems
+
+
+def neuron_config_problems(nc: Any, *, dims: fmt.ModelDims | None, layout: fmt.Layout | None,
+                           stored_padding: Mapping[str, Any]) -> list[Problem]:
+    """The ``neuron_config`` rules of format §6 for a NeuronConfig object or its JSON mapping.
+
+    ``dims``/``layout`` come from the checkpoint (None when it has no usable config);
+    ``stored_padding`` holds the index's padded sizes as written.
+    """
+    problems: list[Problem] = []
+
+    def add(reason: str, message: str, key: str) -> None:
+        problems.append(Problem("neuron_config", reason, message, key))
+
+    if isinstance(nc, Mapping):
+        problems.extend(unknown_key_problems(nc))
+    if not config_attr(nc, "quantized", False):
+        add("not_quantized", "quantized is not set: set quantized=True and quantized_checkpoints_path to the checkpoint directory, or NxDI builds BF16 experts and casts the FP8 bytes without scales", "quantized")
+    dtype = config_attr(nc, "quantization_dtype", "int8")
+    if dtype != fmt.QUANTIZATION_DTYPE:
+        add("wrong_quantization_dtype", f"quantization_dtype is {describe(dtype)}: set it to {fmt.QUANTIZATION_DTYPE!r}", "quantization_dtype")
+    qtype = config_attr(nc, "quantization_type", "per_tensor_symmetric")
+    if qtype != fmt.QUANTIZATION_TYPE:
+        add("wrong_quantization_type", f"quantization_type is {describe(qtype)}: set it to {fmt.QUANTIZATION_TYPE!r} (the only scale layout GPT-OSS experts accept)", "quantization_type")
+    for attr in ("quantized_mlp_kernel_enabled", "activation_quantization_type"):
+        value = config_attr(nc, attr)
+        if value:
+            add("quantization_rewritten", f"{attr} is {describe(value)}: NxDI then rewrites quantization_type to per_channel_symmetric, which does not fit the expert-wise scales; remove it", attr)
+    hybrid = config_attr(nc, "hybrid_sharding_config")
+    if hybrid is not None:
+        add("hybrid_sharding", "hybrid_sharding_config is set: NxDI's token-generation expert module it creates gets no FP8 scales; remove it", "hybrid_sharding_config")
+    if config_attr(nc, "is_mxfp4_compute", False):
+        add("mxfp4_compute", "is_mxfp4_compute is on: MXFP4 compute expects packed FP4 experts, not FP8; turn it off", "is_mxfp4_compute")
+    for attr, base in (("padded_hidden_size", dims.hidden_size if dims else None),
+                       ("padded_intermediate_size", dims.intermediate_size if dims else None)):
+        raw = config_attr(nc, attr)
+        if raw is not None and bounded_int(raw) is None:
+            add("out_of_range", f"{attr} is {describe(raw)}, not an integer in 1 … 2^31", attr)
+            continue
+        stored = stored_padding.get(attr)
+        wanted = raw or base
+        if base is not None and bounded_int(stored) is not None and wanted != stored:
+            add("padding_mismatch", f"{attr} is {wanted} at runtime but the checkpoint was written for {stored}: set {attr}={stored} or re-convert with --{attr.replace('_', '-')} {wanted}", attr)
+    problems.extend(_exclusion_problems(nc, dims))
+    degrees = {}
+    for attr in ("tp_degree", "moe_ep_degree", "moe_tp_degree"):
+        raw = config_attr(nc, attr)
+        degrees[attr] = 1 if raw is None else bounded_int(raw)
+        if degrees[attr] is None:
+            add("bad_degree", f"{attr} is {describe(raw)}, not an integer in 1 … 2^31", attr)
+    tp, ep, moe_tp = degrees["tp_degree"], degrees["moe_ep_degree"], degrees["moe_tp_degree"]
+    if tp is None or ep is None or moe_tp is None or layout is None:
+        return problems
+    expert_tp = moe_tp if ep > 1 else tp
+    ip, experts = layout.padded_intermediate_size, layout.dims.num_local_experts
+    if ip % expert_tp:
+        which = "moe_tp_degree" if ep > 1 else "tp_degree"
+        add("expert_tp_indivisible", f"the padded intermediate size {ip} is not divisible by the MoE tensor-parallel degree {which}={expert_tp}: pick a degree that divides it or re-convert with a padded intermediate size that it divides", which)
+    if experts % ep:
+        add("expert_ep_indivisible", f"{experts} experts cannot be split over moe_ep_degree={ep}", "moe_ep_degree")
+    return problems
+
+
+def _excluded(path: str, entries: list[str]) -> bool:
+    """NxD's rule: a module is not converted when any entry is a substring of its dotted path."""
+    return any(entry in path for entry in entries)
+
+
+def _exclusion_problems(nc: Any, dims: fmt.ModelDims | None) -> list[Problem]:
+    key = "modules_to_not_convert"
+    entries = config_attr(nc, key) or []
+    if not isinstance(entries, (list, tuple)) or not all(isinstance(e, str) for e in entries):
+        return [Problem("neuron_config", "bad_modules_to_not_convert", f"{key} is {describe(entries)}, not a list of module names", key)]
+    entries = list(entries)
+    layers = dims.num_hidden_layers if dims else 1
+    if layers * 6 * max(len(entries), 1) > MAX_EXCLUSION_WORK:
+        return [Problem("neuron_config", "bad_modules_to_not_convert", f"{key} has {len(entries):,} entries for {layers:,} layers: too many to check; list module names, not paths", key)]
+    qkv = ("qkv_proj.Wqkv",) if config_attr(nc, "fused_qkv", False) else ("qkv_proj.q_proj", "qkv_proj.k_proj", "qkv_proj.v_proj")
+    problems = []
+    attention_paths = (f"layers.{i}.self_attn.{name}" for i in range(layers) for name in (*qkv, "o_proj.o_proj"))
+    missing = next((p for p in attention_paths if not _excluded(p, entries)), None)
+    if missing:
+        problems.append(Problem("neuron_config", "attention_not_excluded", f"attention is not in {key} (e.g. {missing}): expert-wise FP8 cannot quantize attention; add 'self_attn'", key))
+    if not _excluded("lm_head", entries):
+        problems.append(Problem("neuron_config", "lm_head_not_excluded", f"lm_head is not in {key}: add 'lm_head'", key))
+    expert_paths = (f"layers.{i}.{proj}" for i in range(layers) for proj in (fmt.GATE_UP, fmt.DOWN))
+    excluded = next((p for p in expert_paths if _excluded(p, entries)), None)
+    if excluded:
+        problems.append(Problem("neuron_config", "experts_excluded", f"{key} excludes the FP8 experts (e.g. {excluded}): NxDI would cast the FP8 bytes to BF16 without their scales; remove that entry", key))
+    return problems

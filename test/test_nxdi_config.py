@@ -1,0 +1,122 @@
+"""NxDI's configuration read one way: the same rule set for NxDI objects and their JSON."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.nxdi_config import (
+    KNOWN_NEURON_CONFIG_KEYS,
+    bounded_int,
+    describe,
+    model_config_problems,
+    model_part,
+    neuron_config_problems,
+    unknown_key_problems,
+)
+from nxdi_gptoss_fp8.tiny import TINY_DIMS
+
+GOOD: dict[str, Any] = {
+    "quantized": True, "quantization_dtype": fmt.QUANTIZATION_DTYPE, "quantization_type": fmt.QUANTIZATION_TYPE,
+    "modules_to_not_convert": ["self_attn", "lm_head"], "tp_degree": 2,
+}
+LAYOUT = fmt.Layout.unpadded(TINY_DIMS)
+STORED = {"padded_hidden_size": LAYOUT.padded_hidden_size, "padded_intermediate_size": LAYOUT.padded_intermediate_size}
+
+RULES: list[tuple[str, dict[str, Any], str]] = [
+    ("good", {}, ""),
+    ("quantized-mlp-kernel", {"quantized_mlp_kernel_enabled": True}, "quantization_rewritten"),
+    ("activation-quantization", {"activation_quantization_type": "dynamic"}, "quantization_rewritten"),
+    ("hybrid-sharding", {"hybrid_sharding_config": {"moe_tkg_tp_degree": 4}}, "hybrid_sharding"),
+    ("tp-above-2-31", {"tp_degree": 2**31 + 1}, "bad_degree"),
+    ("tp-4300-digits", {"tp_degree": 10**4299}, "bad_degree"),
+    ("ep-bool", {"moe_ep_degree": True}, "bad_degree"),
+    ("padded-above-2-31", {"padded_hidden_size": 2**33}, "out_of_range"),
+    ("padded-float", {"padded_intermediate_size": 64.0}, "out_of_range"),
+    ("exclusions-too-many", {"modules_to_not_convert": ["self_attn", "lm_head"] + ["x"] * 500_000}, "bad_modules_to_not_convert"),
+]
+
+
+def _reasons(config: Any) -> set[str]:
+    return {p.reason for p in neuron_config_problems(config, dims=TINY_DIMS, layout=LAYOUT, stored_padding=STORED)}
+
+
+@pytest.mark.parametrize(("name", "change", "reason"), RULES, ids=[r[0] for r in RULES])
+def test_one_rule_set_for_json_and_objects(name: str, change: dict[str, Any], reason: str) -> None:
+    as_json = {**GOOD, **change}
+    as_object = SimpleNamespace(**as_json)
+    assert _reasons(as_json) == _reasons(as_object) == ({reason} if reason else set())
+
+
+@pytest.mark.parametrize(("key", "nearest"), [("tp_degre", "tp_degree"), ("quantised", "quantized"),
+                                              ("moe_ep_degre", "moe_ep_degree"), ("zzzz", None)])
+def test_unknown_keys_warn_with_the_nearest_known_name(key: str, nearest: str | None) -> None:
+    (problem,) = unknown_key_problems({**GOOD, key: 1})
+    assert problem.warning and problem.reason == "unknown_key" and problem.key == key
+    assert (f"did you mean {nearest!r}" in problem.message) if nearest else ("did you mean" not in problem.message)
+
+
+def test_objects_are_not_searched_for_unknown_keys() -> None:
+    assert _reasons(SimpleNamespace(**GOOD, tp_degre=2)) == set()
+
+
+@pytest.mark.parametrize(("change", "reasons"), [
+    ({}, set()),
+    ({"attention_bias": False}, {"no_attention_bias"}),
+    ({"attention_bias": None}, {"no_attention_bias"}),
+    ({"original_hidden_size": 32}, {"original_size_mismatch"}),
+    ({"original_intermediate_size": 10**4299}, {"original_size_mismatch"}),
+    ({"num_local_experts": 8}, {"nxdi_config_mismatch"}),
+    ({"hidden_size": 96, "original_hidden_size": 64}, set()),  # NxDI: H' in hidden_size, H in original
+])
+def test_model_config_rules(change: dict[str, Any], reasons: set[str]) -> None:
+    config = {**fmt.hf_config(TINY_DIMS), **change}
+    for source in (config, SimpleNamespace(**config)):
+        problems = model_config_problems(source, TINY_DIMS, check="config", what="x", compare_dims=True)
+        assert {p.reason for p in problems} == reasons
+        for problem in problems:
+            assert len(problem.message) < 400
+
+
+def test_model_part_of_a_nested_file() -> None:
+    assert model_part({"hidden_size": 64, "neuron_config": GOOD}) == {"hidden_size": 64}
+    assert model_part(GOOD) is None
+
+
+@pytest.mark.parametrize(("value", "expected"), [(1, 1), (2**31, 2**31), (0, None), (2**31 + 1, None), (True, None), (1.0, None), ("1", None)])
+def test_bounded_int(value: Any, expected: int | None) -> None:
+    assert bounded_int(value) == expected
+
+
+def test_describe_never_converts_a_huge_integer() -> None:
+    assert "bits" in describe(10**5000) and len(describe("x" * 10**6)) <= 80
+
+
+@pytest.mark.nxdi
+def test_known_keys_cover_nxdi_neuron_config() -> None:
+    """Every keyword NxDI's NeuronConfig classes read is a known key (no false warning)."""
+    root = os.environ.get("NXDI_SRC")
+    if not root:
+        pytest.skip("NXDI_SRC is not set")
+    package = Path(root) / "src" / "neuronx_distributed_inference" / "models"
+    names: set[str] = set()
+    for source, classes in ((package / "config.py", {"NeuronConfig", "MoENeuronConfig"}),
+                            (package / "gpt_oss" / "modeling_gpt_oss.py", {"GptOssNeuronConfig"})):
+        for node in ast.parse(source.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name in classes:
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self" \
+                            and isinstance(sub.ctx, ast.Store):
+                        names.add(sub.attr)
+                    if isinstance(sub, ast.Call) and getattr(sub.func, "attr", "") in ("pop", "get") \
+                            and isinstance(getattr(sub.func, "value", None), ast.Name) and sub.func.value.id == "kwargs" \
+                            and sub.args and isinstance(sub.args[0], ast.Constant):
+                        names.add(sub.args[0].value)
+    assert len(names) > 100
+    assert names - KNOWN_NEURON_CONFIG_KEYS == set()
