@@ -51,7 +51,8 @@ def _run_case(case: str, path: str, repeat: int) -> dict:
 
         def once() -> int:
             report = preflight(path, read_scales=case == "ours-default")
-            assert report.ok, report.render_text(limit=5)
+            # a headers-only verdict is partial, never ok: clean is what it can say
+            assert report.clean if case == "ours-headers" else report.ok, report.render_text(limit=5)
             return report.tensors
     else:
         from safetensors import safe_open
