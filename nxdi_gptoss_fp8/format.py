@@ -21,7 +21,7 @@ QUANTIZATION_TYPE = "expert_wise_per_channel_symmetric"
 QUANTIZATION_DTYPE = "f8e4m3"
 FP8_MAX = 240.0
 PAD_MULTIPLE = 32
-# Bounds applied before any arithmetic or message uses a number (format §7).
+# Bounds applied before any arithmetic or message uses a number (docs/format.md, Bounds and trust).
 MAX_DIMENSION = 2**31  # dimension-like fields: config dimensions, padded sizes, degrees
 MAX_BYTE_COUNT = 2**53  # byte counts: total_size, header offsets, tensor sizes
 MODEL_TYPE = "gpt_oss"

@@ -3,7 +3,7 @@
 NxDI hands the hook an ``InferenceConfig`` (model fields as attributes, the ``NeuronConfig`` in
 ``.neuron_config``); the command line reads the same thing from JSON, flat (NeuronConfig
 attributes only) or nested as NxDI saves ``neuron_config.json`` (model fields at the top,
-``neuron_config`` inside). ``config_attr`` reads either; the rules below (format §6, the
+``neuron_config`` inside). ``config_attr`` reads either; the rules below (docs/format.md, the
 ``config`` and ``neuron_config`` rows) are one function each, applied to both, and return
 ``Problem`` values that the preflight turns into findings. Stdlib only.
 
@@ -168,7 +168,7 @@ def unknown_key_problems(nc: Mapping[str, Any]) -> list[Problem]:
 
 def neuron_config_problems(nc: Any, *, dims: fmt.ModelDims | None, layout: fmt.Layout | None,
                            stored_padding: Mapping[str, Any]) -> list[Problem]:
-    """The ``neuron_config`` rules of format §6 for a NeuronConfig object or its JSON mapping.
+    """The ``neuron_config`` rules (docs/format.md) for a NeuronConfig object or its JSON mapping.
 
     ``dims``/``layout`` come from the checkpoint (None when it has no usable config);
     ``stored_padding`` holds the index's padded sizes as written.

@@ -1,4 +1,4 @@
-"""Adversarial inputs against the preflight's bounds (format §7), each measured next to its limit.
+"""Adversarial inputs against the preflight's bounds (docs/format.md, Bounds and trust), each measured next to its limit.
 
 Builds, in a work directory:
 

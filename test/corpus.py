@@ -1028,7 +1028,7 @@ def _(ck: Ckpt) -> Options:
     return {"verify_checksums": True}
 
 
-# ============================================================================ bounds and trust (format §7)
+# ============================================================================ bounds and trust (docs/format.md)
 
 
 def _replace_first_number(ck: Ckpt, shard: str, field: str, old: str, new: str) -> None:
