@@ -20,7 +20,7 @@ from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import mxfp4
 from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.cli import main
-from nxdi_gptoss_fp8.convert import convert, non_expert_names
+from nxdi_gptoss_fp8.convert import convert, hf_mxfp4, non_expert_names
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.synthetic import (
     SOURCE_BF16,
@@ -92,7 +92,7 @@ def bf16_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("padding", PADDINGS)
 def test_mxfp4_round_trip_is_exact(mxfp4_source: Path, tmp_path: Path, padding: tuple, rows_per_pass: int,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(conversion, "_ENCODE_ROWS", rows_per_pass)
+    monkeypatch.setattr(hf_mxfp4, "ENCODE_ROWS", rows_per_pass)
     hp, ip = padding
     report = convert(mxfp4_source, tmp_path / "out", padded_hidden_size=hp, padded_intermediate_size=ip,
                      max_shard_size="40KB", progress=False)
@@ -418,14 +418,15 @@ def test_a_killed_conversion_leaves_no_valid_output(mxfp4_source: Path, tmp_path
     script = textwrap.dedent(f"""
         import os, signal
         from nxdi_gptoss_fp8 import convert as conversion
-        real = conversion._mxfp4_projection
+        from nxdi_gptoss_fp8.convert import hf_mxfp4
+        real = hf_mxfp4._projection
         calls = []
         def dying(*args, **kwargs):
             calls.append(1)
             if len(calls) == 3:
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(*args, **kwargs)
-        conversion._mxfp4_projection = dying
+        hf_mxfp4._projection = dying
         conversion.convert({str(mxfp4_source)!r}, {str(tmp_path / 'out')!r}, progress=False)
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}

@@ -11,6 +11,7 @@ import torch
 from nxdi_gptoss_fp8 import convert as conversion
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import mxfp4
+from nxdi_gptoss_fp8.convert import hf_mxfp4, output
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.safetensors_header import read_header
@@ -66,11 +67,15 @@ def _untransposed_down(rows: torch.Tensor, out: torch.Tensor, first_row: int = 0
 def _break(monkeypatch: pytest.MonkeyPatch, corruption: str) -> None:
     if corruption == "gate_up_order_swapped":
         real_chunks = conversion.chunk_interleaved
-        monkeypatch.setattr(conversion, "place_gate_up", _swapped_gate_up)
-        monkeypatch.setattr(conversion, "chunk_interleaved", lambda v, p, f: real_chunks(
-            v.reshape(*v.shape[:-1], -1, 2).flip(-1).reshape(v.shape), p, f))
+
+        def swapped_chunks(values: torch.Tensor, padded: int, fill: float) -> torch.Tensor:
+            return real_chunks(values.reshape(*values.shape[:-1], -1, 2).flip(-1).reshape(values.shape), padded, fill)
+
+        monkeypatch.setattr(hf_mxfp4, "place_gate_up", _swapped_gate_up)
+        monkeypatch.setattr(hf_mxfp4, "chunk_interleaved", swapped_chunks)
+        monkeypatch.setattr(output, "chunk_interleaved", swapped_chunks)
     elif corruption == "missing_transpose":
-        monkeypatch.setattr(conversion, "place_down", _untransposed_down)
+        monkeypatch.setattr(hf_mxfp4, "place_down", _untransposed_down)
     elif corruption == "nibble_order_swapped":
         monkeypatch.setattr(mxfp4, "_BYTE_TABLE", mxfp4.build_byte_table(low_nibble_first=False))
     elif corruption == "exponent_bias_off_by_one":

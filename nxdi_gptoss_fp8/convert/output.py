@@ -1,0 +1,345 @@
+"""The output side shared by every source kind: the background writer, compute lanes, the
+non-expert copy, HF-style biases, and the conversion report.
+
+Tensors are written at their final offsets through ``CheckpointWriter`` by one background
+thread, so disk writes overlap the encoding; experts are encoded ``Workspace.LANES`` at a time
+in plain threads, each into a reused buffer, so memory does not grow with the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .. import format as fmt
+from ..mxfp4 import Exactness
+from ..quant import FP8_DTYPE
+from ..writer import CheckpointWriter
+from .layout import chunk_interleaved, pad_to
+from .source import SourceReader, expert_source_name
+
+CHUNK_BYTES = 32 << 20
+_WRITEBACK_BYTES = 64 << 20
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _size_text(size: int) -> str:
+    for unit, factor in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= factor:
+            return f"{size / factor:.2f} {unit}"
+    return f"{size} B"
+
+
+@dataclass
+class ExpertStats:
+    """Exactness of one converted expert projection (all experts of one layer)."""
+
+    name: str
+    values: int = 0
+    inexact: int = 0
+    flushed_to_zero: int = 0
+    max_rel_error: float = 0.0
+    mean_rel_error: float | None = None  # requantized (BF16) sources: over the non-zero source values
+
+    @classmethod
+    def from_exactness(cls, name: str, exactness: Exactness) -> ExpertStats:
+        return cls(name, exactness.values, exactness.inexact, exactness.flushed_to_zero, exactness.max_rel_error)
+
+
+@dataclass
+class ConversionReport:
+    """What ``convert`` did: source, output, bytes, time and per-tensor exactness."""
+
+    source: str
+    source_format: str
+    out: str
+    profile: str
+    padded_hidden_size: int
+    padded_intermediate_size: int
+    layers: int
+    tensors: int
+    bytes_written: int
+    fp8_bytes: int
+    elapsed_s: float
+    experts: list[ExpertStats] = field(default_factory=list)
+
+    @property
+    def fp8_values(self) -> int:
+        return sum(s.values for s in self.experts)
+
+    @property
+    def inexact_values(self) -> int:
+        return sum(s.inexact for s in self.experts)
+
+    @property
+    def max_rel_error(self) -> float:
+        return max((s.max_rel_error for s in self.experts), default=0.0)
+
+    @property
+    def exact(self) -> bool:
+        return self.inexact_values == 0
+
+    @property
+    def requantized(self) -> bool:
+        """True when the experts were quantized afresh (amax/240) rather than re-encoded."""
+        return any(s.mean_rel_error is not None for s in self.experts)
+
+    def exactness_summary(self) -> dict[str, Any]:
+        return {"fp8_values": self.fp8_values, "inexact_values": self.inexact_values,
+                "flushed_to_zero": sum(s.flushed_to_zero for s in self.experts),
+                "max_rel_error": self.max_rel_error}
+
+    def to_dict(self) -> dict[str, Any]:
+        document = asdict(self)
+        document.update(self.exactness_summary())
+        return document
+
+    def render_text(self, *, limit: int = 10) -> str:
+        rate = self.fp8_bytes / self.elapsed_s / 1e6 if self.elapsed_s > 0 else 0.0
+        lines = [
+            f"converted {self.source} ({self.source_format}) → {self.out}",
+            f"  profile {self.profile}, {self.layers} layers, H'={self.padded_hidden_size}, "
+            f"I'={self.padded_intermediate_size}, {self.tensors} tensors",
+            f"  {_size_text(self.bytes_written)} written ({_size_text(self.fp8_bytes)} FP8) in "
+            f"{self.elapsed_s:.1f} s ({rate:.0f} MB/s FP8)",
+        ]
+        if not self.requantized:
+            lines.append(
+                f"  exactness: {self.fp8_values - self.inexact_values} of {self.fp8_values} expert values exact "
+                f"({self.inexact_values} inexact, worst relative error {self.max_rel_error:.3g})"
+            )
+            worst = sorted((s for s in self.experts if s.inexact), key=lambda s: -s.inexact)[:limit]
+            lines += [f"    {s.name}: {s.inexact} inexact ({s.flushed_to_zero} flushed to zero), "
+                      f"worst {s.max_rel_error:.3g}" for s in worst]
+        else:
+            lines.append(f"  amax/240 scaling: worst relative error {self.max_rel_error:.3g} over "
+                         f"{self.fp8_values} expert values (per tensor below)")
+            lines += [f"    {s.name}: max {s.max_rel_error:.3g}, mean {s.mean_rel_error or 0.0:.3g}, "
+                      f"{s.flushed_to_zero} flushed to zero" for s in self.experts[:limit]]
+            if len(self.experts) > limit:
+                lines.append(f"    … {len(self.experts) - limit} more (see to_dict())")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    return function  # type: ignore[no-any-return]
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(path: str) -> None:
+    """Ask the kernel to start writing ``path``'s dirty pages to disk now, without waiting.
+
+    The writer fsyncs every shard before it commits; starting the disk writes while the
+    conversion is still encoding overlaps the two instead of leaving it all to that fsync.
+    A no-op where ``sync_file_range`` does not exist (it only changes timing, never content).
+    """
+    if _SYNC_FILE_RANGE is None:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+    finally:
+        os.close(fd)
+
+
+class Output:
+    """The writer, fed by one background thread so disk writes overlap the encoding, plus the
+    progress bar. Every byte goes through ``put`` (waits) or ``put_async`` (returns a future)."""
+
+    def __init__(self, writer: CheckpointWriter, bar: Any, pool: ThreadPoolExecutor) -> None:
+        self.writer, self.bar, self.pool = writer, bar, pool
+        self.bytes = self.fp8_bytes = 0
+        self._unflushed: dict[str, int] = {}
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The planned (padded) shape of output tensor ``name``."""
+        return self.writer.planned[name].spec.shape
+
+    def _write(self, name: str, data: torch.Tensor, offset: int) -> None:
+        self.writer.put(name, data, offset=offset)
+        size = data.numel() * data.element_size()
+        self.bytes += size
+        if data.dtype in (FP8_DTYPE, torch.uint8):
+            self.fp8_bytes += size
+        self.bar.update(size)
+        shard = self.writer.planned[name].shard
+        self._unflushed[shard] = self._unflushed.get(shard, 0) + size
+        if self._unflushed[shard] >= _WRITEBACK_BYTES and self.writer.tmp is not None:
+            self._unflushed[shard] = 0
+            start_writeback(os.path.join(self.writer.tmp, shard))
+
+    def put_async(self, name: str, data: torch.Tensor, *, offset: int = 0) -> Future[None]:
+        """Queue a write; ``data`` must not change until the future is done."""
+        return self.pool.submit(self._write, name, data, offset)
+
+    def put(self, name: str, data: torch.Tensor, *, offset: int = 0) -> None:
+        self.put_async(name, data, offset=offset).result()
+
+
+# --------------------------------------------------------------------------- compute lanes
+
+
+@dataclass
+class Lane:
+    """One expert in flight: an output buffer (and a kind's own reusable tools), reused for
+    every expert it takes."""
+
+    buffer: torch.Tensor
+    tools: Any = None
+    write: Future[None] | None = None
+
+    def wait_written(self) -> None:
+        if self.write is not None:
+            write, self.write = self.write, None
+            write.result()
+
+
+class Workspace:
+    """Output buffers (and per-kind tools), allocated once per shape; a pool of compute threads.
+
+    ``LANES`` experts are encoded at once in plain threads (torch releases the GIL in its ops)
+    with torch's own intra-op threading off: on a small shared machine that beats one expert
+    at a time on OpenMP threads, which spin while they wait. Padding regions of the buffers
+    are zeroed once and never written again.
+    """
+
+    LANES = 2
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self._tools: dict[Any, list[Any]] = {}
+        self._lanes: dict[tuple[Any, tuple[int, int]], list[Lane]] = {}
+
+    def lanes(self, out_shape: tuple[int, int], tools_key: Any = None,
+              make_tools: Callable[[], Any] | None = None) -> list[Lane]:
+        """The lanes writing experts of ``out_shape``; ``make_tools`` builds each lane's tools,
+        shared by every output shape with the same ``tools_key``."""
+        key = (tools_key, out_shape)
+        if key not in self._lanes:
+            tools = self._tools.setdefault(
+                tools_key, [make_tools() if make_tools else None for _ in range(self.LANES)])
+            self._lanes[key] = [Lane(torch.zeros(out_shape, dtype=torch.uint8), tool) for tool in tools]
+        return self._lanes[key]
+
+    def wait(self) -> None:
+        for lanes in self._lanes.values():
+            for lane in lanes:
+                lane.wait_written()
+
+
+@contextlib.contextmanager
+def single_threaded_torch() -> Iterator[None]:
+    """Run torch ops single-threaded inside (the compute lanes are the parallelism)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+EncodeResult = tuple[Exactness, torch.Tensor]
+
+
+def stream_experts(reader: SourceReader, out: Output, workspace: Workspace, name: str, lanes: list[Lane],
+                   load: Callable[[int], tuple[Any, ...]], encode: Callable[..., EncodeResult], *,
+                   release_every: int) -> Exactness:
+    """Every expert of output ``name`` (``…weight`` and ``…scale``), ``len(lanes)`` at a time.
+
+    ``load(expert)`` runs here and reads the expert's source tensors; ``encode(lane, *loaded)``
+    runs on a compute thread, fills ``lane.buffer`` and returns (exactness, float32 scale row
+    [out']); each buffer is written in the background as soon as it is full. The source files
+    are released every ``release_every`` experts (in-flight tensors keep their own pages).
+    """
+    experts = out.shape(f"{name}.weight")[0]
+    scales_out = torch.empty((experts, 1, out.shape(f"{name}.scale")[2]), dtype=torch.float32)
+    exactness = Exactness()
+    in_flight: list[tuple[int, Lane, Future[EncodeResult]]] = []
+
+    def finish_oldest() -> None:
+        expert, lane, future = in_flight.pop(0)
+        result, scale_row = future.result()
+        exactness.add(result)
+        scales_out[expert, 0] = scale_row
+        lane.write = out.put_async(f"{name}.weight", lane.buffer, offset=expert * lane.buffer.numel())
+
+    for expert in range(experts):
+        if expert % release_every == 0:
+            reader.release()
+        if len(in_flight) == len(lanes):
+            finish_oldest()
+        lane = lanes[expert % len(lanes)]
+        lane.wait_written()
+        in_flight.append((expert, lane, workspace.pool.submit(encode, lane, *load(expert))))
+    while in_flight:
+        finish_oldest()
+    reader.release()
+    workspace.wait()
+    out.put(f"{name}.scale", scales_out)
+    return exactness
+
+
+# --------------------------------------------------------------------------- plain tensors
+
+
+def copy_padded(reader: SourceReader, src_name: str, out: Output, name: str) -> None:
+    """Rename, cast to BF16 and zero-pad one non-expert tensor, in row chunks."""
+    shape = out.shape(name)
+    source_shape = reader.source.tensors[src_name][1].shape
+    if len(shape) == 1:
+        out.put(name, pad_to(reader.get(src_name).to(torch.bfloat16), shape))
+        return
+    rows, cols = shape
+    step = max(1, CHUNK_BYTES // (cols * 2))
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        part = torch.zeros((stop - start, cols), dtype=torch.bfloat16)
+        if start < source_shape[0]:
+            chunk = reader.slice(src_name)[start:min(stop, source_shape[0])]
+            part[: chunk.shape[0], : chunk.shape[1]] = chunk
+            del chunk
+            reader.release()
+        out.put(name, part, offset=start * cols * 2)
+
+
+def put_biases(out: Output, layer: int, gate_up: torch.Tensor, down: torch.Tensor, layout: fmt.Layout) -> None:
+    """Write the raw expert biases: ``gate_up`` [E, 2I] interleaved (even = gate) becomes
+    chunked halves; everything padded, BF16."""
+    prefix = fmt.layer_prefix(layer)
+    out.put(f"{prefix}{fmt.GATE_UP}.bias",
+            chunk_interleaved(gate_up.to(torch.bfloat16), layout.padded_intermediate_size, 0.0))
+    down = down.to(torch.bfloat16)
+    out.put(f"{prefix}{fmt.DOWN}.bias", pad_to(down, (down.shape[0], layout.padded_hidden_size)))
+
+
+def hf_biases(reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused HF expert biases (MXFP4 and BF16 sources): gate_up [E, 2I] interleaved, down [E, H]."""
+    return (reader.get(expert_source_name(layer, "gate_up_proj_bias")).to(torch.bfloat16),
+            reader.get(expert_source_name(layer, "down_proj_bias")).to(torch.bfloat16))
+
+
+def output_config(source_config: dict[str, Any], dims: fmt.ModelDims) -> dict[str, Any]:
+    """The source ``config.json`` with its ``quantization_config`` replaced by ours."""
+    config = {key: value for key, value in source_config.items() if key != "quantization_config"}
+    config["quantization_config"] = fmt.hf_config(dims)["quantization_config"]
+    return config

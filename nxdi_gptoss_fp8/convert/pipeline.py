@@ -1,0 +1,184 @@
+"""Detect a source checkpoint and convert it: the driver shared by every source kind.
+
+``open_source`` reads and validates the source's files (``source``), asks each kind whether
+the tensor names are its layout, lets that kind resolve and check its config, then checks every
+tensor name, shape and dtype before a byte is written. ``convert`` streams the non-expert
+tensors (renamed, zero-padded, BF16) and hands each layer's experts to the kind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .. import format as fmt
+from ..errors import ConversionError
+from ..writer import CheckpointWriter, parse_size
+from .compressed_tensors import CompressedTensorsFp8
+from .hf_bf16 import HfBf16
+from .hf_mxfp4 import HfMxfp4
+from .output import (
+    ConversionReport,
+    ExpertStats,
+    Output,
+    Workspace,
+    copy_padded,
+    output_config,
+    single_threaded_torch,
+)
+from .source import Source, SourceKind, SourceReader, SourceSpec, check_tensors, non_expert_names, read_source_files
+
+KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (HfMxfp4(), HfBf16(), CompressedTensorsFp8())}
+
+
+def source_kind(source: Source) -> SourceKind:
+    """The kind object of a detected source."""
+    return KINDS[source.kind]
+
+
+def source_specs(dims: fmt.ModelDims, kind: str, options: dict[str, Any] | None = None) -> dict[str, SourceSpec]:
+    """Every tensor of a GPT-OSS source of ``kind`` (``hf-mxfp4``, ``hf-bf16`` or
+    ``compressed-tensors-fp8``; the latter needs the ``options`` its detection resolved)."""
+    return KINDS[kind].specs(dims, options or {})
+
+
+def _classify(names: set[str]) -> SourceKind:
+    for kind in KINDS.values():
+        if kind.recognizes(names):
+            return kind
+    sample = ", ".join(sorted(names)[:4])
+    if any(name.startswith("block.") for name in names):
+        what = "OpenAI's original layout (block.N.*): convert the HF set (the parent of original/) instead"
+    elif any(name.startswith(("layers.", "embed_tokens.")) for name in names):
+        what = "already-converted (NxDI) names: a normalized checkpoint needs no conversion; validate it instead"
+    else:
+        what = "no GPT-OSS expert tensors (looked for " + "; ".join(k.description for k in KINDS.values()) + ")"
+    raise ConversionError(f"unrecognized source layout: {what} (found {len(names)} tensors, e.g. {sample})")
+
+
+def open_source(src: str | os.PathLike[str], *, gate_up_split: str | None = None) -> Source:
+    """Detect and validate a source checkpoint directory.
+
+    Args:
+        src: an HF MXFP4, HF BF16 or compressed-tensors FP8 GPT-OSS checkpoint directory.
+        gate_up_split: for compressed-tensors sources whose files cannot tell it,
+            ``"interleaved"`` or ``"halves"`` (see ``compressed_tensors.SPLIT_HELP``).
+
+    Raises ``ConversionError`` naming what was found when it is none of these.
+    """
+    root, config, dims, tensors = read_source_files(src)
+    kind = _classify(set(tensors))
+    stated = {} if gate_up_split is None else {"gate_up_split": gate_up_split}
+    options = kind.resolve(config, dims, tensors, os.path.join(root, fmt.CONFIG_FILE), stated)
+    check_tensors(tensors, kind.specs(dims, options), kind.name)
+    return Source(root=root, kind=kind.name, config=config, dims=dims, tensors=tensors, options=options)
+
+
+def _check_paths(source_root: str, out: str) -> None:
+    real_src, real_out = os.path.realpath(source_root), os.path.realpath(out)
+    if real_out == real_src or real_out.startswith(real_src + os.sep) or real_src.startswith(real_out + os.sep):
+        raise ConversionError(
+            f"OUT {out} overlaps SRC {source_root}: the source is never modified; choose an output outside it"
+        )
+
+
+def _progress_bar(enabled: bool, total: int, layers: int) -> Any:
+    from tqdm import tqdm
+
+    show = enabled and sys.stderr.isatty()
+    return tqdm(total=total, unit="B", unit_scale=True, desc=f"convert 0/{layers} layers",
+                file=sys.stderr, disable=not show, dynamic_ncols=True)
+
+
+def convert(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    padded_hidden_size: int | None = None,
+    padded_intermediate_size: int | None = None,
+    max_shard_size: str | int = "5GB",
+    overwrite: bool = False,
+    progress: bool = True,
+    provenance: Mapping[str, Any] | None = None,
+    extra_files: Mapping[str, str | os.PathLike[str]] | None = None,
+    gate_up_split: str | None = None,
+) -> ConversionReport:
+    """Convert the GPT-OSS checkpoint ``src`` (HF MXFP4, HF BF16 or compressed-tensors FP8) into a
+    normalized FP8 checkpoint at ``out``.
+
+    Args:
+        src: the checkpoint directory (config.json + model.safetensors.index.json or
+            model.safetensors); its ``original/`` subdirectory is never read. Never modified.
+        out: the output directory; must be absent or empty unless ``overwrite``.
+        padded_hidden_size / padded_intermediate_size: H' and I' (H or I plus a multiple of 32).
+        max_shard_size: largest shard, e.g. ``"5GB"``.
+        progress: show a tqdm bar on stderr (only when it is a terminal).
+        provenance: extra fields for the index's ``source`` metadata (e.g. the Hub repo and the
+            commit it resolved to; ``hub.ResolvedSource.provenance()``).
+        extra_files: output file name → file to copy beside the checkpoint (tokenizer and
+            generation config: ``hub.companion_files(src)``), inside the atomic write.
+        gate_up_split: compressed-tensors sources only, when their files cannot tell:
+            ``"interleaved"`` or ``"halves"`` (the error message says how to decide).
+
+    Returns:
+        A ``ConversionReport`` (bytes, time, exactness). Raises ``ConversionError`` for a source
+        that is not a supported GPT-OSS checkpoint, an existing output, or bad padded sizes. Example::
+
+            report = convert("gpt-oss-120b", "gpt-oss-120b-fp8")
+            print(report.render_text())
+    """
+    started = time.perf_counter()
+    source = open_source(src, gate_up_split=gate_up_split)
+    kind = source_kind(source)
+    dims = source.dims
+    layout = fmt.Layout(dims, padded_hidden_size or dims.hidden_size, padded_intermediate_size or dims.intermediate_size)
+    problems = layout.padding_problems()
+    if problems:
+        raise ConversionError("; ".join(problems))
+    out_path = os.path.abspath(os.fspath(out))
+    _check_paths(source.root, out_path)
+    try:
+        shard_bytes = parse_size(max_shard_size)
+    except ValueError as exc:
+        raise ConversionError(str(exc)) from None
+    profile = fmt.profile_for_dims(dims)
+    by_layer: dict[int, list[tuple[str, str]]] = {}
+    globals_: list[tuple[str, str]] = []
+    for hf_name, name in non_expert_names(dims).items():
+        match = re.match(r"layers\.(\d+)\.", name)
+        (by_layer.setdefault(int(match.group(1)), []) if match else globals_).append((hf_name, name))
+    stats: list[ExpertStats] = []
+    bar = _progress_bar(progress, fmt.expected_total_size(layout), dims.num_hidden_layers)
+    with bar, SourceReader(source) as reader, CheckpointWriter(
+        out_path, layout, profile, output_config(source.config, dims), max_shard_size=shard_bytes,
+        source={**source.provenance(), **(provenance or {})}, overwrite=overwrite, extra_files=extra_files,
+    ) as writer, ThreadPoolExecutor(max_workers=1, thread_name_prefix="convert-write") as pool, ThreadPoolExecutor(
+        max_workers=Workspace.LANES, thread_name_prefix="convert-encode"
+    ) as compute, single_threaded_torch():
+        # the pools exit before the writer: no write is still running when it closes its files
+        workspace = Workspace(compute)
+        output = Output(writer, bar, pool)
+        for hf_name, name in globals_:
+            copy_padded(reader, hf_name, output, name)
+        for layer in range(dims.num_hidden_layers):
+            for hf_name, name in by_layer[layer]:
+                copy_padded(reader, hf_name, output, name)
+            stats += kind.convert_experts(reader, layer, output, layout, workspace)
+            bar.set_description(f"convert {layer + 1}/{dims.num_hidden_layers} layers")
+        report = ConversionReport(
+            source=source.root, source_format=source.kind, out=out_path, profile=profile,
+            padded_hidden_size=layout.padded_hidden_size, padded_intermediate_size=layout.padded_intermediate_size,
+            layers=dims.num_hidden_layers, tensors=len(writer.planned), bytes_written=output.bytes,
+            fp8_bytes=output.fp8_bytes, elapsed_s=0.0, experts=stats,
+        )
+        assert writer.source is not None
+        writer.source["exactness"] = report.exactness_summary()
+        bar.set_description("hashing shards")
+        writer.commit()
+    report.elapsed_s = time.perf_counter() - started
+    return report
