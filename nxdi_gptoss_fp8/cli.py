@@ -210,7 +210,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             source.path, args.out, padded_hidden_size=args.padded_hidden_size,
             padded_intermediate_size=args.padded_intermediate_size, max_shard_size=max_shard_size,
             overwrite=args.overwrite, progress=True, provenance=source.provenance(),
-            extra_files=companion_files(source.path),
+            extra_files=companion_files(source.path), gate_up_split=args.ct_gate_up_split,
         )
     except ConversionError as exc:  # a source or output we cannot use: unreadable input
         raise UsageError(str(exc)) from None
@@ -226,7 +226,7 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
 
     source = _resolve(args.source, args.revision, recorded_in=args.out)
     try:
-        report = verify_conversion(args.out, source.path, progress=True)
+        report = verify_conversion(args.out, source.path, progress=True, gate_up_split=args.ct_gate_up_split)
     except ConversionError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
@@ -272,6 +272,13 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _add_split_option(command: argparse.ArgumentParser) -> None:
+    """compressed-tensors sources whose files cannot tell how gate_up was split."""
+    command.add_argument("--ct-gate-up-split", choices=("interleaved", "halves"), default=None,
+                         help="compressed-tensors FP8 sources only, when the converter asks: how llm-compressor "
+                              "split gate_up_proj (halves: llm-compressor 0.12.0-0.13.0; interleaved: other versions)")
 
 
 def _add_output_options(command: argparse.ArgumentParser, *, max_shard_size: str, why: str = "") -> None:
@@ -391,13 +398,15 @@ def build_parser() -> argparse.ArgumentParser:
     inference_demo.set_defaults(handler=_cmd_inference_demo)
 
     convert = commands.add_parser(
-        "convert", help="convert a published GPT-OSS checkpoint (HF MXFP4 or HF BF16) to normalized FP8 (needs torch)",
-        description="Convert the HF set of openai/gpt-oss-120b or -20b (MXFP4) or an HF BF16 GPT-OSS checkpoint "
-                    "into the normalized FP8 format, streaming one expert at a time. SRC may be a Hub repo id: only "
+        "convert", help="convert a GPT-OSS checkpoint (HF MXFP4, HF BF16 or compressed-tensors FP8) to normalized FP8 "
+                        "(needs torch)",
+        description="Convert the HF set of openai/gpt-oss-120b or -20b (MXFP4), an HF BF16 GPT-OSS checkpoint "
+                    "or an llm-compressor FP8_DYNAMIC (compressed-tensors) one into the normalized FP8 format, "
+                    "streaming one expert at a time. SRC may be a Hub repo id: only "
                     "config, index, the listed shards, tokenizer and generation config are fetched (never original/ "
                     "or metal/), through huggingface_hub's cache (HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply); they are "
-                    "copied into OUT with the commit recorded. MXFP4 values stay exact "
-                    "wherever E4M3 can hold them (the report counts the rest). The output appears only when "
+                    "copied into OUT with the commit recorded. MXFP4 and FP8 values stay exact wherever Neuron's "
+                    "E4M3 can hold them (the report counts the rest). The output appears only when "
                     "complete; SRC is never modified. Check the result with verify-conversion.",
     )
     convert.add_argument("src", metavar="SRC", help="the HF checkpoint directory (config.json + model.safetensors.index.json), "
@@ -405,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("out", metavar="OUT", help="output directory (must be empty or absent)")
     convert.add_argument("--revision", metavar="R", help="Hub branch, tag or commit of a repo-id SRC (default main)")
     _add_output_options(convert, max_shard_size="5GB")
+    _add_split_option(convert)
     convert.add_argument("--json", action="store_true", help="print the conversion report as JSON")
     convert.set_defaults(handler=_cmd_convert)
 
@@ -419,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="the source it was converted from: a directory or a Hub repo id")
     verify_conversion.add_argument("--revision", metavar="R", help="Hub revision of a repo-id SRC (default: the commit "
                                                                  "OUT records, else main)")
+    _add_split_option(verify_conversion)
     verify_conversion.add_argument("--json", action="store_true", help="print the report as JSON")
     verify_conversion.set_defaults(handler=_cmd_verify_conversion)
 

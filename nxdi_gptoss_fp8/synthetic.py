@@ -1,4 +1,5 @@
-"""Writers of synthetic GPT-OSS checkpoints: HF sources (MXFP4, BF16) and NxDI's legacy FP8.
+"""Writers of synthetic GPT-OSS checkpoints: HF sources (MXFP4, BF16), compressed-tensors FP8
+sources (as llm-compressor writes them) and NxDI's legacy FP8.
 
 Requires torch. The one place tests, benchmarks, ``make-tiny`` and ``selfcheck`` get a source
 checkpoint from. An HF source has the published repos' shape: ``config.json``, a sharded
@@ -19,7 +20,16 @@ import torch
 from safetensors.torch import save_file
 
 from . import format as fmt
-from .convert import SOURCE_BF16, SOURCE_MXFP4, non_expert_names, source_specs
+from .convert import (
+    SOURCE_BF16,
+    SOURCE_COMPRESSED_TENSORS,
+    SOURCE_MXFP4,
+    SPLIT_HALVES,
+    SPLIT_INTERLEAVED,
+    non_expert_names,
+    source_specs,
+)
+from .quant import FP8_DTYPE
 
 # H ≠ I, so a missing transpose cannot hide behind a square shape.
 SOURCE_DIMS = fmt.ModelDims(
@@ -138,9 +148,122 @@ def write_original_decoy(directory: Path, config: dict) -> None:
 def make_source(root: str | os.PathLike[str], kind: str = SOURCE_MXFP4, *, dims: fmt.ModelDims = SOURCE_DIMS,
                 seed: int = 0, scale_range: tuple[int, int] = EXACT_SCALE_RANGE, shards: int | str = 2,
                 original: bool = True) -> Path:
-    """A complete synthetic HF source of ``kind`` at ``root``."""
+    """A complete synthetic source of ``kind`` at ``root`` (compressed-tensors: variant A, see
+    ``make_compressed_tensors_source``)."""
+    if kind == SOURCE_COMPRESSED_TENSORS:
+        return make_compressed_tensors_source(root, dims=dims, seed=seed, shards=shards if isinstance(shards, int) else 3)
     tensors = source_tensors(dims, kind, seed=seed, scale_range=scale_range)
     return write_source(root, tensors, source_config(dims, kind), shards=shards, original=original)
+
+
+# --------------------------------------------------------------------------- compressed-tensors FP8 (llm-compressor)
+
+OCP_FP8_MAX = 448.0
+COMPRESSED_TENSORS_VERSION = "0.12.2"
+
+
+def _fp8_args(strategy: str, dynamic: bool, observer: str | None) -> dict:
+    return {"actorder": None, "block_structure": None, "dynamic": dynamic, "group_size": None, "num_bits": 8,
+            "observer": observer, "observer_kwargs": {}, "strategy": strategy, "symmetric": True, "type": "float"}
+
+
+def compressed_tensors_config(dims: fmt.ModelDims, *, transformers_version: str = "4.57.1",
+                              ignore: list[str] | None = None) -> dict:
+    """config.json of an FP8_DYNAMIC GPT-OSS checkpoint as llm-compressor saves it: the BF16
+    config plus ``quantization_config`` (attention, router and lm_head ignored by name)."""
+    config = source_config(dims, SOURCE_BF16)
+    config["transformers_version"] = transformers_version
+    config["torch_dtype"] = "bfloat16"
+    if ignore is None:
+        ignore = [f"model.layers.{layer}.{module}" for layer in range(dims.num_hidden_layers)
+                  for module in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                 "mlp.router")] + ["lm_head"]
+    config["quantization_config"] = {
+        "config_groups": {"group_0": {
+            "format": "float-quantized", "input_activations": _fp8_args("token", True, None),
+            "output_activations": None, "targets": ["Linear"], "weights": _fp8_args("channel", False, "minmax"),
+        }},
+        "format": "float-quantized", "global_compression_ratio": None, "ignore": ignore, "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors", "quantization_status": "compressed", "sparsity_config": {},
+        "transform_config": {}, "version": COMPRESSED_TENSORS_VERSION,
+    }
+    return config
+
+
+def quantize_fp8_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """compressed-tensors' FP8 channel quantization of ``weight`` [out, in]: scale ``amax / 448``
+    per row in the weight's dtype (BF16), ``q = clamp(w / scale, ±448)`` as OCP E4M3."""
+    amax = weight.float().abs().amax(dim=1, keepdim=True)
+    scale = torch.clamp(amax / OCP_FP8_MAX, min=torch.finfo(torch.float32).eps).to(weight.dtype)
+    q = (weight.float() / scale.float()).clamp(-OCP_FP8_MAX, OCP_FP8_MAX).to(FP8_DTYPE)
+    return q, scale
+
+
+def compressed_tensors_tensors(hf_bf16: dict[str, torch.Tensor], dims: fmt.ModelDims, *,
+                               split: str = SPLIT_INTERLEAVED, nested: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors of an HF BF16 source linearized and quantized the way llm-compressor does:
+    per-expert ``{gate,up,down}_proj.{weight, weight_scale, bias}`` (``experts.experts.E`` names
+    when ``nested``), gate/up taken as even/odd columns of ``gate_up_proj`` or, for
+    ``split="halves"`` (llm-compressor 0.12–0.13), as its column halves; the rest unchanged."""
+    tensors = {name: value for name, value in hf_bf16.items() if ".mlp.experts." not in name}
+    i = dims.intermediate_size
+    for layer in range(dims.num_hidden_layers):
+        fused = f"model.layers.{layer}.mlp.experts."
+        gate_up, gate_up_bias = hf_bf16[fused + "gate_up_proj"], hf_bf16[fused + "gate_up_proj_bias"]
+        down, down_bias = hf_bf16[fused + "down_proj"], hf_bf16[fused + "down_proj_bias"]
+        for expert in range(dims.num_local_experts):
+            if split == SPLIT_HALVES:
+                gate, up = gate_up[expert][:, :i], gate_up[expert][:, i:]
+                gate_b, up_b = gate_up_bias[expert][:i], gate_up_bias[expert][i:]
+            else:
+                gate, up = gate_up[expert][:, 0::2], gate_up[expert][:, 1::2]
+                gate_b, up_b = gate_up_bias[expert][0::2], gate_up_bias[expert][1::2]
+            prefix = f"{fused}{'experts.' if nested else ''}{expert}."
+            for proj, weight, bias in (("gate_proj", gate, gate_b), ("up_proj", up, up_b),
+                                       ("down_proj", down[expert], down_bias[expert])):
+                q, scale = quantize_fp8_channel(weight.t().contiguous())
+                tensors[f"{prefix}{proj}.weight"] = q
+                tensors[f"{prefix}{proj}.weight_scale"] = scale
+                tensors[f"{prefix}{proj}.bias"] = bias.clone()
+    return tensors
+
+
+def write_transformers_shards(root: str | os.PathLike[str], tensors: dict[str, torch.Tensor], config: dict, *,
+                              shards: int = 3) -> Path:
+    """Write a checkpoint the way transformers' ``save_pretrained`` does: ``config.json``,
+    ``model-0000k-of-0000n.safetensors`` (metadata ``{"format": "pt"}``) and an index with
+    ``total_parameters``/``total_size`` — or one ``model.safetensors`` for ``shards=1``. Every
+    ``weight_scale`` goes to the last shard, so weights and their scales sit in different files."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / fmt.CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+    if shards == 1:
+        save_file({n: t.contiguous() for n, t in tensors.items()}, str(root / "model.safetensors"), metadata={"format": "pt"})
+        return root
+    scales = sorted(name for name in tensors if name.endswith(".weight_scale"))
+    groups = [*shard_groups([name for name in tensors if name not in set(scales)], shards - 1), scales]
+    weight_map = {}
+    for number, part in enumerate(groups, start=1):
+        file_name = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
+        save_file({name: tensors[name].contiguous() for name in part}, str(root / file_name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, file_name))
+    metadata = {"total_parameters": sum(t.numel() for t in tensors.values()),
+                "total_size": sum(t.numel() * t.element_size() for t in tensors.values())}
+    (root / fmt.INDEX_FILE).write_text(json.dumps({"metadata": metadata, "weight_map": weight_map}, indent=2,
+                                                  sort_keys=True))
+    return root
+
+
+def make_compressed_tensors_source(root: str | os.PathLike[str], *, dims: fmt.ModelDims = SOURCE_DIMS, seed: int = 0,
+                                   split: str = SPLIT_INTERLEAVED, nested: bool = False,
+                                   transformers_version: str = "4.57.1", shards: int = 3) -> Path:
+    """A synthetic compressed-tensors FP8_DYNAMIC GPT-OSS source at ``root``, derived from the
+    HF BF16 source of the same ``seed``. Variants: A (default: ``experts.E``, even/odd,
+    transformers 4.x), B (``nested=True``), C (``split="halves"``, transformers 5.x), D
+    (even/odd, transformers 5.x)."""
+    tensors = compressed_tensors_tensors(source_tensors(dims, SOURCE_BF16, seed=seed), dims, split=split, nested=nested)
+    return write_transformers_shards(root, tensors, compressed_tensors_config(dims, transformers_version=transformers_version),
+                                     shards=shards)
 
 
 def load_source(root: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
@@ -199,6 +322,8 @@ def write_legacy_fp8(out: str | os.PathLike[str], normalized: str | os.PathLike[
     return write_indexed(out, legacy_fp8_tensors(normalized), config, shards=shards)
 
 
-__all__ = ["EXACT_SCALE_RANGE", "PER_LAYER", "REALISTIC_SCALE_RANGE", "SOURCE_BF16", "SOURCE_DIMS", "SOURCE_MXFP4",
-           "legacy_fp8_tensors", "load_source", "make_source", "shard_groups", "source_config", "source_tensors",
-           "write_indexed", "write_legacy_fp8", "write_source"]
+__all__ = ["EXACT_SCALE_RANGE", "PER_LAYER", "REALISTIC_SCALE_RANGE", "SOURCE_BF16", "SOURCE_COMPRESSED_TENSORS",
+           "SOURCE_DIMS", "SOURCE_MXFP4", "compressed_tensors_config", "compressed_tensors_tensors",
+           "legacy_fp8_tensors", "load_source", "make_compressed_tensors_source", "make_source",
+           "quantize_fp8_channel", "shard_groups", "source_config", "source_tensors", "write_indexed",
+           "write_legacy_fp8", "write_source", "write_transformers_shards"]

@@ -15,7 +15,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from nxdi_gptoss_fp8 import convert as conversion
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import mxfp4
 from nxdi_gptoss_fp8.checks import preflight

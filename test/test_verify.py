@@ -11,8 +11,8 @@ import torch
 from nxdi_gptoss_fp8 import convert as conversion
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import mxfp4
-from nxdi_gptoss_fp8.convert import hf_mxfp4, output
 from nxdi_gptoss_fp8.cli import main
+from nxdi_gptoss_fp8.convert import hf_mxfp4, output
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.safetensors_header import read_header
 from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source

@@ -40,9 +40,9 @@ SPLIT_INTERLEAVED = "interleaved"
 SPLIT_HALVES = "halves"
 GATE_UP_SPLITS = (SPLIT_INTERLEAVED, SPLIT_HALVES)
 SPLIT_HELP = (
-    "gate_up_split 'halves' if llm-compressor 0.12.0 to 0.13.0 made it (its generic expert linearizer cut "
-    "gate_up_proj into column halves), 'interleaved' if an earlier or later version did (even/odd columns); "
-    "if unsure, compare one expert's output with the source model's"
+    "--ct-gate-up-split (gate_up_split=) 'halves' if llm-compressor 0.12.0 to 0.13.0 made it (its generic expert "
+    "linearizer cut gate_up_proj into column halves), 'interleaved' if an earlier or later version did (even/odd "
+    "columns); if unsure, compare one expert's output with the source model's"
 )
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _WEIGHTS = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False}
@@ -154,8 +154,8 @@ def _prefix(reader: SourceReader, layer: int, expert: int) -> str:
 # --------------------------------------------------------------------------- what is refused
 
 
-def _refuse(where: str, what: str) -> ConversionError:
-    return ConversionError(f"{where}: {what}; only FP8_DYNAMIC (float-quantized, 8-bit float weights with "
+def _refuse(subject: str, what: str) -> ConversionError:
+    return ConversionError(f"{subject} {what}; only FP8_DYNAMIC (float-quantized, 8-bit float weights with "
                            "static per-channel scales, dynamic or no activation quantization) converts")
 
 
@@ -164,10 +164,10 @@ def _check_args(args: Any, wanted: dict[str, Any], where: str) -> None:
         raise _refuse(where, f"is {args!r}, not an object")
     for key, value in wanted.items():
         if args.get(key) != value:
-            raise _refuse(where, f"{key} is {args.get(key)!r}, not {value!r}")
+            raise _refuse(f"{where}.{key}", f"is {args.get(key)!r}, not {value!r}")
     for key in _UNSET:
         if args.get(key) not in (None, False):
-            raise _refuse(where, f"{key} is {args.get(key)!r}")
+            raise _refuse(f"{where}.{key}", f"is {args.get(key)!r}")
 
 
 def _check_scheme(quant: dict[str, Any], where: str) -> None:
