@@ -1,26 +1,35 @@
-"""Converter speed and memory on gpt-oss-120b-shaped layers, side by side with NxDI's dequant.
+"""Converter and verifier speed and memory on gpt-oss-120b-shaped layers, side by side with NxDI's dequant.
 
-Builds a synthetic HF MXFP4 source with the real gpt-oss-120b layer shapes (H = I = 2880,
-128 experts, 64 query / 8 KV heads of 64; every layer one shard, like the published repos)
-with random FP4 codes and realistic block scales (each channel's exponents spread around
-2^-7 with a standard deviation of 1.5 octaves). The vocabulary is shrunk (default 8192 rows
-instead of 201088) to keep the embedding small; expert tensors are full size. Then, for 1, 2
-and 4 layers, each in a fresh process with a warm page cache:
+Builds two synthetic sources with the real gpt-oss-120b layer shapes (H = I = 2880, 128 experts,
+64 query / 8 KV heads of 64; the vocabulary shrunk, default 8192 rows instead of 201088, to keep
+the embedding small; expert tensors full size):
 
-  ours   convert(): MXFP4 → normalized FP8 with exact power-of-two scales, written, hashed
-         and renamed into place (everything the CLI does)
-  nxdi   the baseline: the MXFP4 → BF16 dequant NxDI's HF conversion runs for the same
-         layers, reimplemented its way: whole tensors loaded, FP4 value table indexed by
-         int64 nibbles, ldexp, de-interleave/concatenate/transpose. NxDI keeps every layer's
-         result in its state dict; here each layer's result is dropped after it is made, so
-         its peak RSS is one layer's worth (a lower bound for NxDI). Its dequant runs in
-         chunks of --nxdi-rows-per-chunk rows (default 2^20; NxDI's 32768*1024 would need
-         ~15 GB for one gate_up tensor on this 24 GB machine)
+  hf-mxfp4                 the published HF layout: random FP4 codes, realistic block scales
+                           (each channel's exponents spread around 2^-7, 1.5 octaves); every
+                           layer one shard, like the published repos
+  compressed-tensors-fp8   llm-compressor's FP8_DYNAMIC layout: per-expert gate/up/down linear
+                           layers, OCP E4M3 weights quantized from Gaussian values with
+                           amax/448 BF16 channel scales; every layer one shard, the scales in
+                           another
 
-and prints wall time, throughput (MB/s of FP8 written; for the baseline, of the same number
-of values) and peak RSS. Targets: ours ≥ 300 MB/s on 2 cores, peak RSS < 1 GB and flat.
+Then, for each layer count (default 1 and 2), each in a fresh process with a warm page cache:
 
-    python scripts/bench_convert.py [--layers 1 2 4] [--workdir DIR] [--keep]
+  convert   convert(): source → normalized FP8, written, hashed and renamed into place
+            (everything the CLI does)
+  verify    verify_conversion(): both checkpoints re-read, every value compared
+  baseline  NxDI's MXFP4 → BF16 dequant for the same MXFP4 layers. With NXDI_SRC set (or NxDI
+            installed) it runs NxDI's own code — ``convert_moe_packed_tensors`` and
+            ``convert_gate_up_proj`` from its GPT-OSS module, whole tensors loaded the way its HF
+            conversion loads them — with ``rows_per_chunk`` 2^20 (its default 32768*1024 needs
+            ~15 GB for one 120b gate_up tensor). Without, a re-implementation of the same steps
+            runs and is labelled so. Each layer's result is dropped after it is made (NxDI keeps
+            all of them), so its peak RSS is a lower bound for NxDI's.
+
+and prints wall time, throughput (MB/s of FP8 written; for the baseline, of the same number of
+values) and peak RSS. Targets: compressed-tensors ≥ the MXFP4 path's throughput; peak RSS < 1 GB
+and flat; verify at least as fast as convert.
+
+    NXDI_SRC=/path/to/neuronx-distributed-inference python scripts/bench_convert.py [--layers 1 2]
 """
 
 from __future__ import annotations
@@ -34,18 +43,27 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "test"))  # nxdi_standin
 
 import torch  # noqa: E402
 
 from nxdi_gptoss_fp8 import format as fmt  # noqa: E402
-from nxdi_gptoss_fp8.convert import SOURCE_MXFP4, source_specs  # noqa: E402
+from nxdi_gptoss_fp8.convert import SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, source_specs  # noqa: E402
+from nxdi_gptoss_fp8.synthetic import compressed_tensors_config, quantize_fp8_channel  # noqa: E402
 from nxdi_gptoss_fp8.writer import build_header  # noqa: E402
 
 BENCH_VOCAB = 8192
+NXDI_ROWS_PER_CHUNK = 1 << 20
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+DISTINCT_EXPERTS = 4  # compressed-tensors experts cycle through this many random ones (generation is slow)
+KINDS = (SOURCE_MXFP4, SOURCE_COMPRESSED_TENSORS)
+CT_OPTIONS = {"gate_up_split": "interleaved", "expert_names": "mlp.experts.E"}
 
 
 def bench_dims(layers: int, vocab: int) -> fmt.ModelDims:
@@ -53,25 +71,48 @@ def bench_dims(layers: int, vocab: int) -> fmt.ModelDims:
     return fmt.ModelDims(**{**base.as_dict(), "num_hidden_layers": layers, "vocab_size": vocab})
 
 
-def _fill(spec: fmt.TensorSpec, generator: torch.Generator, write: callable) -> None:  # type: ignore[valid-type]
-    """Stream random data for one source tensor, one expert (or the whole small tensor) at a time."""
-    if spec.name.endswith("_blocks"):
-        for _ in range(spec.shape[0]):
-            write(torch.randint(0, 256, spec.shape[1:], dtype=torch.uint8, generator=generator))
-    elif spec.name.endswith("_scales"):
-        rows, blocks = spec.shape[1:]
-        for _ in range(spec.shape[0]):
-            centre = 120.0 + torch.randn((rows, 1), generator=generator)
-            spread = 1.5 * torch.randn((rows, blocks), generator=generator)
-            write((centre + spread).round().clamp(100, 140).to(torch.uint8))
-    else:
-        values = 0.02 * torch.randn(spec.shape, generator=generator)
-        if spec.name.endswith("norm.weight"):
-            values += 1.0
-        write(values.to(torch.bfloat16))
+# --------------------------------------------------------------------------- sources
 
 
-def write_shard(path: str, specs: list[fmt.TensorSpec], generator: torch.Generator) -> None:
+class _Filler:
+    """Random data for one source tensor at a time, streamed to ``write`` in pieces."""
+
+    def __init__(self, dims: fmt.ModelDims) -> None:
+        self.dims = dims
+        self.generator = torch.Generator().manual_seed(0)
+        self._experts: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def _fp8_expert(self, shape: tuple[int, int], number: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pool = self._experts.setdefault(shape, [])
+        if len(pool) < DISTINCT_EXPERTS:
+            weight = (0.02 * torch.randn(shape, generator=self.generator)).to(torch.bfloat16)
+            pool.append(quantize_fp8_channel(weight))
+        return pool[number % DISTINCT_EXPERTS]
+
+    def fill(self, spec: fmt.TensorSpec, write: Callable[[torch.Tensor], None]) -> None:
+        name = spec.name
+        if name.endswith("_blocks"):
+            for _ in range(spec.shape[0]):
+                write(torch.randint(0, 256, spec.shape[1:], dtype=torch.uint8, generator=self.generator))
+        elif name.endswith("_scales"):
+            rows, blocks = spec.shape[1:]
+            for _ in range(spec.shape[0]):
+                centre = 120.0 + torch.randn((rows, 1), generator=self.generator)
+                spread = 1.5 * torch.randn((rows, blocks), generator=self.generator)
+                write((centre + spread).round().clamp(100, 140).to(torch.uint8))
+        elif name.endswith((".weight", ".weight_scale")) and ".experts." in name and "_proj." in name:
+            expert = int(name.split(".experts.")[1].split(".")[0])
+            cols = self.dims.intermediate_size if ".down_proj." in name else self.dims.hidden_size
+            q, scale = self._fp8_expert((spec.shape[0], cols), expert)
+            write(q if name.endswith(".weight") else scale)
+        else:
+            values = 0.02 * torch.randn(spec.shape, generator=self.generator)
+            if name.endswith("norm.weight"):
+                values += 1.0
+            write(values.to(torch.bfloat16))
+
+
+def write_shard(path: str, specs: list[fmt.TensorSpec], filler: _Filler) -> None:
     header, offsets = build_header(specs)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -85,42 +126,55 @@ def write_shard(path: str, specs: list[fmt.TensorSpec], generator: torch.Generat
                 os.pwrite(_fd, data, position)
                 position += len(data)
 
-            _fill(spec, generator, write)
+            filler.fill(spec, write)
     finally:
         os.close(fd)
 
 
-def make_sources(workdir: str, layer_counts: list[int], vocab: int) -> dict[int, str]:
-    """One set of layer shards, shared (hard links) by sources of each layer count."""
+def _dtype(dtypes: tuple[str, ...]) -> str:
+    return dtypes[0] if dtypes[0] in ("U8", fmt.F8_E4M3) else "BF16"
+
+
+def make_sources(workdir: str, kind: str, layer_counts: list[int], vocab: int) -> dict[int, str]:
+    """One set of layer shards per kind, shared (hard links) by the sources of each layer count."""
     most = max(layer_counts)
     dims = bench_dims(most, vocab)
-    pool = os.path.join(workdir, "pool")
+    pool = os.path.join(workdir, f"pool-{kind}")
     os.makedirs(pool, exist_ok=True)
-    specs = {name: fmt.TensorSpec(name, s.shape, "U8" if s.dtypes == ("U8",) else "BF16")
-             for name, s in source_specs(dims, SOURCE_MXFP4).items()}
-    generator = torch.Generator().manual_seed(0)
+    specs = {name: fmt.TensorSpec(name, s.shape, _dtype(s.dtypes))
+             for name, s in source_specs(dims, kind, CT_OPTIONS).items()}
+    filler = _Filler(dims)
     groups = {"globals": [s for n, s in specs.items() if ".layers." not in n]}
     for layer in range(most):
-        groups[f"layer{layer}"] = [s for n, s in specs.items() if f".layers.{layer}." in n]
+        in_layer = [s for n, s in specs.items() if f".layers.{layer}." in n]
+        groups[f"layer{layer}"] = [s for s in in_layer if not s.name.endswith("weight_scale")]
+        if kind == SOURCE_COMPRESSED_TENSORS:  # scales in a shard of their own, as transformers may place them
+            groups[f"scales{layer}"] = [s for s in in_layer if s.name.endswith("weight_scale")]
     for group, members in groups.items():
         path = os.path.join(pool, f"{group}.safetensors")
         if not os.path.exists(path):
             started = time.perf_counter()
-            write_shard(path + ".tmp", members, generator)
+            write_shard(path + ".tmp", members, filler)
             os.rename(path + ".tmp", path)
-            print(f"  wrote source shard {group} ({os.path.getsize(path) / 1e9:.2f} GB) in "
+            print(f"  wrote {kind} source shard {group} ({os.path.getsize(path) / 1e9:.2f} GB) in "
                   f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
     sources = {}
     for count in layer_counts:
-        root = os.path.join(workdir, f"src-{count}")
+        root = os.path.join(workdir, f"src-{kind}-{count}")
         shutil.rmtree(root, ignore_errors=True)
         os.makedirs(root)
-        config = fmt.hf_config(bench_dims(count, vocab))
-        config["quantization_config"] = {"quant_method": "mxfp4"}
+        if kind == SOURCE_MXFP4:
+            config = fmt.hf_config(bench_dims(count, vocab))
+            config["quantization_config"] = {"quant_method": "mxfp4"}
+        else:
+            config = compressed_tensors_config(bench_dims(count, vocab))
         with open(os.path.join(root, fmt.CONFIG_FILE), "w") as handle:
             json.dump(config, handle)
         weight_map = {}
-        for group in ["globals"] + [f"layer{i}" for i in range(count)]:
+        for group in groups:
+            number = group.removeprefix("layer").removeprefix("scales")
+            if group != "globals" and int(number) >= count:
+                continue
             file_name = f"{group}.safetensors"
             os.link(os.path.join(pool, file_name), os.path.join(root, file_name))
             weight_map.update(dict.fromkeys((s.name for s in groups[group]), file_name))
@@ -128,6 +182,9 @@ def make_sources(workdir: str, layer_counts: list[int], vocab: int) -> dict[int,
             json.dump({"metadata": {}, "weight_map": weight_map}, handle)
         sources[count] = root
     return sources
+
+
+# --------------------------------------------------------------------------- children
 
 
 def _peak_rss_mb() -> float:
@@ -142,7 +199,7 @@ def _vm_hwm_mb() -> float:
     return float("nan")
 
 
-def child_ours(src: str, out: str) -> dict:
+def child_convert(src: str, out: str) -> dict:
     from nxdi_gptoss_fp8.checks import preflight
     from nxdi_gptoss_fp8.convert import convert
     from nxdi_gptoss_fp8.writer import CheckpointWriter
@@ -164,8 +221,17 @@ def child_ours(src: str, out: str) -> dict:
             "peak_rss_mb": _peak_rss_mb(), "streaming_peak_rss_mb": streaming_peak[0], "valid": valid}
 
 
-def _nxdi_dequant(blocks: torch.Tensor, scales: torch.Tensor, rows_per_chunk: int) -> torch.Tensor:
-    """MXFP4 → BF16 the NxDI way: int64 nibble indices into a value table, then ldexp."""
+def child_verify(src: str, out: str) -> dict:
+    from nxdi_gptoss_fp8.verify import verify_conversion
+
+    started = time.perf_counter()
+    report = verify_conversion(out, src)
+    return {"seconds": time.perf_counter() - started, "ok": report.ok, "peak_rss_mb": _peak_rss_mb(),
+            "inexact": sum(row.inexact for row in report.rows)}
+
+
+def _reimplemented_dequant(blocks: torch.Tensor, scales: torch.Tensor, *, rows_per_chunk: int) -> torch.Tensor:
+    """MXFP4 → BF16 NxDI's way (int64 nibble indices into a value table, then ldexp)."""
     scales = scales.to(torch.int32) - 127
     lut = torch.tensor(FP4_VALUES, dtype=torch.bfloat16)
     *prefix, groups, width = blocks.shape
@@ -182,9 +248,30 @@ def _nxdi_dequant(blocks: torch.Tensor, scales: torch.Tensor, rows_per_chunk: in
     return out.reshape(*prefix, groups * width * 2)
 
 
-def child_nxdi(src: str, rows_per_chunk: int) -> dict:
+def _reimplemented_gate_up(tensor: torch.Tensor) -> torch.Tensor:
+    gate, up = tensor[:, ::2, ...], tensor[:, 1::2, ...]
+    return torch.cat((gate, up), dim=1).transpose(1, 2)
+
+
+def _baseline_functions() -> tuple[Callable[..., torch.Tensor], Callable[[torch.Tensor], torch.Tensor], str]:
+    """NxDI's own dequant and gate/up conversion when NxDI can be imported, else the
+    re-implementation; and a truthful label."""
+    import importlib.util
+
+    if os.environ.get("NXDI_SRC") or importlib.util.find_spec("neuronx_distributed_inference") is not None:
+        from bench_load import _nxdi_modeling
+
+        modeling = _nxdi_modeling()
+        return (modeling.convert_moe_packed_tensors, modeling.convert_gate_up_proj,
+                "NxDI's own convert_moe_packed_tensors + convert_gate_up_proj")
+    return (_reimplemented_dequant, _reimplemented_gate_up,
+            "a re-implementation of NxDI's dequant (NXDI_SRC not set)")
+
+
+def child_baseline(src: str, rows_per_chunk: int) -> dict:
     from safetensors import safe_open
 
+    dequant, gate_up, label = _baseline_functions()
     with open(os.path.join(src, fmt.INDEX_FILE)) as handle:
         weight_map = json.load(handle)["weight_map"]
     with open(os.path.join(src, fmt.CONFIG_FILE)) as handle:
@@ -197,21 +284,18 @@ def child_nxdi(src: str, rows_per_chunk: int) -> dict:
             for proj in ("gate_up_proj", "down_proj"):
                 blocks = handle.get_tensor(prefix + proj + "_blocks")  # whole tensors, as NxDI loads them
                 scales = handle.get_tensor(prefix + proj + "_scales")
-                dense = _nxdi_dequant(blocks, scales, rows_per_chunk)
+                dense = dequant(blocks, scales, rows_per_chunk=rows_per_chunk)
                 del blocks, scales
-                if proj == "gate_up_proj":
-                    gate, up = dense[:, ::2, ...], dense[:, 1::2, ...]
-                    result = torch.cat((gate, up), dim=1).transpose(1, 2)
-                    del gate, up
-                else:
-                    result = dense.transpose(1, 2)
+                result = gate_up(dense) if proj == "gate_up_proj" else dense.transpose(1, 2)
                 values += result.numel()
                 del dense, result
-    return {"seconds": time.perf_counter() - started, "values": values, "peak_rss_mb": _peak_rss_mb()}
+    return {"seconds": time.perf_counter() - started, "values": values, "peak_rss_mb": _peak_rss_mb(),
+            "label": label}
 
 
-def _run_child(args: list[str]) -> dict:
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], capture_output=True, text=True, check=False)
+def _run_child(args: list[str]) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], capture_output=True,
+                          text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"child {args[0]} failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -227,50 +311,62 @@ def _warm(path: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--layers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--vocab", type=int, default=BENCH_VOCAB, help=f"vocabulary rows (default {BENCH_VOCAB})")
     parser.add_argument("--workdir", help="where sources and outputs go (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument("--nxdi-rows-per-chunk", type=int, default=1 << 20,
+    parser.add_argument("--nxdi-rows-per-chunk", type=int, default=NXDI_ROWS_PER_CHUNK,
                         help="rows of 16 bytes per dequant chunk in the baseline (NxDI's default 32768*1024 "
                              "needs ~15 GB for one 120b gate_up tensor; the chunk size does not change its speed much)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, *rest = args.child
-        result = child_ours(*rest) if kind == "ours" else child_nxdi(rest[0], int(rest[1]))
-        print(json.dumps(result))
+        children = {"convert": lambda: child_convert(*rest), "verify": lambda: child_verify(*rest),
+                    "baseline": lambda: child_baseline(rest[0], int(rest[1]))}
+        print(json.dumps(children[kind]()))
         return 0
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-convert-")
     os.makedirs(workdir, exist_ok=True)
+    counts = sorted(set(args.layers))
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}; "
           f"gpt-oss-120b layer shapes, vocab shrunk to {args.vocab}; work dir {workdir}")
     try:
-        sources = make_sources(workdir, sorted(set(args.layers)), args.vocab)
-        rows = []
-        for count in sorted(set(args.layers)):
-            _warm(sources[count])
-            out = os.path.join(workdir, f"out-{count}")
-            ours = _run_child(["ours", sources[count], out])
-            shutil.rmtree(out, ignore_errors=True)
-            _warm(sources[count])
-            nxdi = _run_child(["nxdi", sources[count], str(args.nxdi_rows_per_chunk)])
-            rows.append((count, ours, nxdi))
-        print(f"\n{'layers':>6} | {'ours s':>7} {'MB/s FP8':>9} {'peak RSS':>9} {'(streaming)':>11} {'inexact':>9} "
-              f"{'valid':>5} | {'NxDI dequant s':>14} {'MB/s (same values)':>18} {'peak RSS':>9} | speed-up")
-        for count, ours, nxdi in rows:
-            ours_rate = ours["fp8_bytes"] / ours["seconds"] / 1e6
-            nxdi_rate = nxdi["values"] / nxdi["seconds"] / 1e6
-            print(f"{count:>6} | {ours['seconds']:>7.1f} {ours_rate:>9.0f} {ours['peak_rss_mb']:>7.0f}MB "
-                  f"{ours['streaming_peak_rss_mb']:>9.0f}MB {ours['inexact']:>9} {ours['valid']!s:>5} | "
-                  f"{nxdi['seconds']:>14.1f} {nxdi_rate:>18.0f} {nxdi['peak_rss_mb']:>7.0f}MB | "
-                  f"{nxdi['seconds'] / ours['seconds']:.1f}x")
-        print("(streaming) = peak RSS before the writer hashes the shards at commit; MB/s FP8 counts the whole "
-              "convert() call: encode, write, fsync, hash, rename")
-        total_values = sum(o["values"] for _, o, _ in rows)
-        print(f"\nexactness: {sum(o['inexact'] for _, o, _ in rows)} of {total_values} expert values inexact "
-              f"(worst relative error {max(o['max_rel_error'] for _, o, _ in rows):.3g})")
+        sources = {kind: make_sources(workdir, kind, counts, args.vocab) for kind in KINDS}
+        rows: list[tuple[str, int, dict, dict]] = []
+        baselines: dict[int, dict] = {}
+        for count in counts:
+            for kind in KINDS:
+                src, out = sources[kind][count], os.path.join(workdir, f"out-{kind}-{count}")
+                _warm(src)
+                converted = _run_child(["convert", src, out])
+                _warm(src)
+                _warm(out)
+                verified = _run_child(["verify", src, out])
+                shutil.rmtree(out, ignore_errors=True)
+                rows.append((kind, count, converted, verified))
+            _warm(sources[SOURCE_MXFP4][count])
+            baselines[count] = _run_child(["baseline", sources[SOURCE_MXFP4][count], str(args.nxdi_rows_per_chunk)])
+        print(f"\n{'source':<22} {'layers':>6} | {'convert s':>9} {'MB/s FP8':>8} {'peak RSS':>8} {'(stream)':>8} "
+              f"{'inexact':>8} {'valid':>5} | {'verify s':>8} {'peak RSS':>8} {'ok':>5} | {'verify/convert':>14}")
+        for kind, count, converted, verified in rows:
+            rate = converted["fp8_bytes"] / converted["seconds"] / 1e6
+            print(f"{kind:<22} {count:>6} | {converted['seconds']:>9.1f} {rate:>8.0f} "
+                  f"{converted['peak_rss_mb']:>6.0f}MB {converted['streaming_peak_rss_mb']:>6.0f}MB "
+                  f"{converted['inexact']:>8} {converted['valid']!s:>5} | {verified['seconds']:>8.1f} "
+                  f"{verified['peak_rss_mb']:>6.0f}MB {verified['ok']!s:>5} | "
+                  f"{verified['seconds'] / converted['seconds']:>13.2f}x")
+        label = next(iter(baselines.values()))["label"]
+        print(f"\nbaseline: NxDI's MXFP4 → BF16 dequant of the same hf-mxfp4 layers, run as {label}, "
+              f"rows_per_chunk {args.nxdi_rows_per_chunk}")
+        for count, base in baselines.items():
+            ours = next(c for kind, n, c, _ in rows if kind == SOURCE_MXFP4 and n == count)
+            print(f"{'':<22} {count:>6} | {base['seconds']:>9.1f} {base['values'] / base['seconds'] / 1e6:>8.0f} "
+                  f"{base['peak_rss_mb']:>6.0f}MB | ours (hf-mxfp4 convert) {base['seconds'] / ours['seconds']:.1f}x "
+                  "faster")
+        print("(stream) = peak RSS before the writer hashes the shards at commit; MB/s FP8 counts the whole "
+              "convert() call: read, encode, write, fsync, hash, rename; the baseline's MB/s counts its BF16 values")
     finally:
         if not args.keep and not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
