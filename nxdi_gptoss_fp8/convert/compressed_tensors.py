@@ -51,7 +51,6 @@ _UNSET = ("group_size", "block_structure", "actorder")
 _MAG = 0x7F
 _FP8_NAN = 0x7F
 _NEURON_MAX_BYTE = 0x77  # 240 = 1.875 × 2^7: the largest E4M3 magnitude Neuron accepts
-_NORMAL_FLOOR = 0x10  # magnitudes with exponent field >= 2 halve exactly by subtracting 1 << 3
 
 
 def expert_prefix(layer: int, expert: int, nested: bool) -> str:
@@ -69,6 +68,13 @@ def _halved_table() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _HALVED, _HALVED_EXACT = _halved_table()
+# the same for both bytes of an int16 at once: half the gathers
+_HALVED_PAIRS = _HALVED[torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.uint8).to(torch.int32)
+                        ].view(torch.int16)
+# (byte & mask) == 1: magnitude below 0x10 (exponent field 0 or 1) with an odd mantissa — the only
+# values whose half E4M3 cannot hold
+_ODD_BOTTOM_MASK = 0x71
+_CHUNK_BYTES = 1 << 18
 
 
 class CompressedTensorsFp8:
@@ -274,12 +280,17 @@ def _resolve_split(config: dict[str, Any], nested: bool, stated: str | None, con
 
 def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.Tensor, Exactness]:
     """uint8 [rows, K] OCP E4M3 and its scale [rows, 1] → (E4M3 bytes within ±240, float32 scale
-    [rows], exactness): rows beyond ±240 halved, their scales doubled."""
+    [rows], exactness): rows beyond ±240 halved, their scales doubled.
+
+    Works on cache-sized row blocks; halving is one gather per byte pair from a table."""
     q = q.view(torch.uint8)
-    mag = q & _MAG
-    row_max = mag.amax(dim=1)
+    rows, cols = q.shape
+    step = max(1, _CHUNK_BYTES // max(cols, 1))
+    row_max = torch.empty(rows, dtype=torch.uint8)
+    for start in range(0, rows, step):
+        torch.amax(q[start:start + step] & _MAG, dim=1, out=row_max[start:start + step])
     if bool((row_max == _FP8_NAN).any()):
-        row = int((mag == _FP8_NAN).any(dim=1).nonzero()[0])
+        row = int((row_max == _FP8_NAN).nonzero()[0])
         raise ConversionError(f"{where} row {row} holds a NaN byte: corrupt source")
     s = scale.reshape(-1).float()
     usable = torch.isfinite(s) & (s > 0)
@@ -294,25 +305,33 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str) -> tuple[tor
     exactness = Exactness(values=q.numel())
     if not bool(halve.any()):
         return q, s, exactness
-    rows = q if bool(halve.all()) else q[halve]
-    rows_mag = rows & _MAG
-    halved = torch.where(rows_mag >= _NORMAL_FLOOR, rows - 8, rows)
-    small = (rows_mag < _NORMAL_FLOOR) & (rows_mag > 0)
-    if bool(small.any()):
-        bottom = rows[small].to(torch.int32)
-        halved[small] = _HALVED[bottom]
-        wrong = ~_HALVED_EXACT[bottom]
-        exactness.inexact = int(wrong.sum())
-        if exactness.inexact:
-            before = rows[small][wrong].view(FP8_DTYPE).double()
-            after = _HALVED[bottom][wrong].view(FP8_DTYPE).double() * 2
-            exactness.flushed_to_zero = int((after == 0).sum())
-            exactness.max_rel_error = float(((after - before).abs() / before.abs()).max())
-    if rows is q:
-        return halved, s, exactness
-    out = q.clone()
-    out[halve] = halved
+    out = torch.empty_like(q)
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        block, halved = q[start:stop], out[start:stop]
+        if block.numel() % 2 == 0:
+            index = block.reshape(-1).view(torch.int16).to(torch.int32).bitwise_and_(0xFFFF)
+            torch.index_select(_HALVED_PAIRS, 0, index, out=halved.view(-1).view(torch.int16))
+        else:
+            halved.copy_(_HALVED[block.to(torch.int32)])
+        keep = ~halve[start:stop]
+        if bool(keep.any()):
+            halved[keep] = block[keep]
+        if bool(((block & _ODD_BOTTOM_MASK) == 1).any()):  # odd values of the bottom binade round
+            _count_rounded(block[~keep], exactness)
     return out, s, exactness
+
+
+def _count_rounded(rows: torch.Tensor, exactness: Exactness) -> None:
+    """Add the values of ``rows`` (to be halved) that halving rounds, with their worst error."""
+    bottom = rows[(rows & _ODD_BOTTOM_MASK) == 1]
+    if not bottom.numel():
+        return
+    before = bottom.view(FP8_DTYPE).double()
+    after = _HALVED[bottom.to(torch.int32)].view(FP8_DTYPE).double() * 2
+    exactness.inexact += bottom.numel()
+    exactness.flushed_to_zero += int((after == 0).sum())
+    exactness.max_rel_error = max(exactness.max_rel_error, float(((after - before).abs() / before.abs()).max()))
 
 
 def _encode_gate_up(lane: Lane, gate: torch.Tensor, gate_scale: torch.Tensor, up: torch.Tensor,
