@@ -1,10 +1,12 @@
 """Verify a converted checkpoint against its source, value by value.
 
-Re-reads both sides one tensor (one expert) at a time. Every non-expert tensor must equal the
-source, renamed, cast to BF16 and zero-padded, bit for bit. Every FP8 expert is dequantized
-(``fp8 × scale``) and compared with the source decoded independently of the converter (MXFP4
-through a value table and ``ldexp``; BF16 as is), after an independent de-interleave,
-transpose and pad. With ``y = source / scale``:
+Re-reads both sides one tensor (one expert per lane, two lanes) at a time. Every non-expert
+tensor must equal the source, renamed, cast to BF16 and zero-padded, bit for bit. Every FP8
+expert is dequantized (``fp8 × scale``) and compared with the source as its kind's
+``reference_rows`` decodes it, independently of the converter (MXFP4 through a value table and
+a power of two; compressed-tensors as their FP8 × their scale; BF16 as is), the stored expert
+brought back to the source's row layout by the verifier's own transposes; padding must be zero.
+With ``y = source / scale``:
 
 * wherever ``y`` is an E4M3 value within ±240 the result must be exact;
 * elsewhere ``|dequantized − source| ≤ max(2^-4·|source|, 2^-10·scale) · (1 + 2^-16)``:
@@ -353,7 +355,10 @@ class _LaneReaders:
                 self._all.extend(self._local.pair)
         return self._local.pair
 
-    def close(self) -> None:
+    def __enter__(self) -> _LaneReaders:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         for reader in self._all:
             reader.release()
 
@@ -444,9 +449,8 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     bar = tqdm(total=src.dims.num_hidden_layers, unit="layer", desc="verify", file=sys.stderr,
                disable=not (progress and sys.stderr.isatty()))
     output = _output_source(out_path, view)
-    readers = _LaneReaders(src, output)
     with bar, SourceReader(src) as src_reader, SourceReader(output) as out_reader, \
-            ThreadPoolExecutor(max_workers=LANES, thread_name_prefix="verify") as pool, single_threaded_torch():
+            _LaneReaders(src, output) as readers, ThreadPoolExecutor(max_workers=LANES, thread_name_prefix="verify") as pool, single_threaded_torch():
         global_row = LayerRow("global")
         for hf_name, name in renames.items():
             if not name.startswith("layers."):
@@ -463,7 +467,6 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
                 inexact_total += _check_experts(kind, readers, out_reader, layer, proj, layout, pool, row, report)
             report.rows.append(row)
             bar.update(1)
-    readers.close()
     if (src.kind != SOURCE_BF16 and isinstance(exactness, dict)
             and exactness.get("inexact_values") != inexact_total):
         report.note(f"the converter recorded {exactness.get('inexact_values')} inexact values in the index, "
