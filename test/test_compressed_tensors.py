@@ -171,6 +171,21 @@ def test_verification_catches_a_wrong_scale(variants: dict[str, Path], tmp_path:
     assert not report.ok and any("violate" in problem for problem in report.problems)
 
 
+def test_halving_tables_agree_with_float_arithmetic() -> None:
+    """Every E4M3 byte: the pair table halves both bytes like the byte table, and the cheap
+    odd-bottom mask flags exactly the bytes whose half is not exact."""
+    from nxdi_gptoss_fp8.convert import compressed_tensors as ct
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    finite = (codes & 0x7F) != 0x7F
+    values = codes.view(FP8_DTYPE).float()
+    halves = ct._HALVED.view(FP8_DTYPE).float()
+    assert torch.equal(halves[finite], (values[finite] / 2).to(FP8_DTYPE).float())
+    assert torch.equal(((codes & ct._ODD_BOTTOM_MASK) == 1)[finite], ~ct._HALVED_EXACT[finite])
+    pairs = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.uint8)
+    assert torch.equal(ct._HALVED_PAIRS.view(torch.uint8), ct._HALVED[pairs.to(torch.int32)])
+
+
 # --------------------------------------------------------------------------- refusals
 
 
