@@ -42,7 +42,7 @@ from .convert import (
     source_kind,
 )
 from .convert.output import single_threaded_torch
-from .convert.source import read_json
+from .convert.source import ExpertRows, read_json
 from .errors import ConversionError
 from .quant import FP8_DTYPE
 
@@ -136,21 +136,21 @@ class ExpertResult:
     problem: str | None = None
 
 
-def _segments(want: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor, proj: str, padded_i: int
-              ) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]], list[torch.Tensor]]:
-    """Pair the source rows ``want`` [rows, cols] with the stored expert [in', out'] (bytes):
-    (source rows, the stored columns they became — transposed back, their scales, the output
-    column of the first) per segment, and the padding regions (which must hold zeros). gate_up
-    rows are interleaved: even rows (gate) are columns 0…, odd rows (up) columns I'…"""
+def _segments(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, proj: str, padded_i: int
+              ) -> tuple[list[tuple[int, int, torch.Tensor, torch.Tensor, int]], list[torch.Tensor]]:
+    """Pair the source rows with the stored expert [in', out'] (bytes): (first source row, row
+    step, the stored columns they became — transposed back, their scales, the output column of
+    the first) per segment, and the padding regions (which must hold zeros). gate_up rows are
+    interleaved: even rows (gate) are columns 0…, odd rows (up) columns I'…"""
     rows, cols = want.shape
     if proj == fmt.GATE_UP:
         half = rows // 2
-        segments = [(want[0::2], stored[:cols, :half].t().contiguous(), scale[:half], 0),
-                    (want[1::2], stored[:cols, padded_i:padded_i + half].t().contiguous(),
+        segments = [(0, 2, stored[:cols, :half].t().contiguous(), scale[:half], 0),
+                    (1, 2, stored[:cols, padded_i:padded_i + half].t().contiguous(),
                      scale[padded_i:padded_i + half], padded_i)]
         padding = [stored[cols:], stored[:cols, half:padded_i], stored[:cols, padded_i + half:]]
     else:
-        segments = [(want, stored[:cols, :rows].t().contiguous(), scale[:rows], 0)]
+        segments = [(0, 1, stored[:cols, :rows].t().contiguous(), scale[:rows], 0)]
         padding = [stored[cols:], stored[:cols, rows:]]
     return segments, padding
 
@@ -173,7 +173,7 @@ def _fp8_values(q: torch.Tensor) -> torch.Tensor:
     """float32 values of the E4M3 bytes ``q`` (any shape, contiguous)."""
     if q.numel() % 2:
         return q.view(FP8_DTYPE).float()
-    index = q.reshape(-1).view(torch.int16).to(torch.int32).bitwise_and_(0xFFFF)
+    index = q.reshape(-1).view(torch.uint16).to(torch.int32)
     return _FP8_PAIRS.index_select(0, index).view(torch.float32).view(q.shape)
 
 
@@ -193,9 +193,9 @@ def _judge(want: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor
     return exact, bad, error
 
 
-def compare_expert(want: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor, proj: str,
+def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, proj: str,
                    padded_i: int, where: str) -> ExpertResult:
-    """Check one expert: ``want`` [rows, cols] the source's values (row layout, exact floats),
+    """Check one expert: ``want`` the source's rows [rows, cols] (decoded a block at a time),
     ``stored`` the output's FP8 [in', out'], ``scale`` its float32 [out'].
 
     Rows whose scale makes every product exact in float32 are compared in float32 — equal
@@ -212,14 +212,16 @@ def compare_expert(want: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor
         result.violations += nonzero
         if nonzero and first is None:
             first = f"{where}: padding holds non-zero values"
-    for wanted_rows, back, scales, column in segments:
-        rows, cols = wanted_rows.shape
-        fast = _products_exact(scales) & (wanted_rows.dtype == torch.float32)
+    cols = want.shape[1]
+    for offset, stride, back, scales, column in segments:
+        rows = back.shape[0]
+        fast = _products_exact(scales) & (want.dtype == torch.float32)
         in_range = not bool(((back & 0x78) == 0x78).any())  # exponent field all ones: beyond ±240, or NaN
         step = max(1, _CHUNK_VALUES // cols)
         for start in range(0, rows, step):
             stop = min(rows, start + step)
-            q, wanted, s = back[start:stop], wanted_rows[start:stop], scales[start:stop]
+            q, s = back[start:stop], scales[start:stop]
+            wanted = want.rows(offset + start * stride, offset + stop * stride, stride)
             values = _fp8_values(q)
             result.values += q.numel()
             if bool(fast[start:stop].all()):
@@ -227,12 +229,13 @@ def compare_expert(want: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor
                 if in_range and torch.equal(values, wanted):
                     result.exact += q.numel()
                     continue
-                suspect = (values != wanted) | ((q & 0x78) == 0x78)
-                count = int(suspect.sum())
-                result.exact += q.numel() - count
-                if not count:
-                    continue
+                suspect = values != wanted
+                if not in_range:
+                    suspect |= (q & 0x78) == 0x78
                 where_rows, where_cols = suspect.nonzero(as_tuple=True)
+                result.exact += q.numel() - where_rows.numel()
+                if not where_rows.numel():
+                    continue
                 values = _fp8_values(q[where_rows, where_cols].contiguous())
                 wanted_values = wanted[where_rows, where_cols]
                 exact, bad, error = _judge(wanted_values, values, s[where_rows])
@@ -252,11 +255,10 @@ def compare_expert(want: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor
                 result.violations += violations
                 at = int(bad.nonzero()[0])
                 r, c = (int(where_rows[at]), int(where_cols[at])) if where_rows is not None else divmod(at, cols)
-                r += start
-                stored_value, scale_value = float(_fp8_values(back[r, c:c + 1].contiguous())), float(scales[r])
+                stored_value = float(_fp8_values(q[r, c:c + 1].contiguous()))
                 if first is None:
-                    first = (f"{where}[{c}, {column + r}]: stored {stored_value} × scale {scale_value} = "
-                             f"{stored_value * scale_value}, source {float(wanted_rows[r, c])}")
+                    first = (f"{where}[{c}, {column + start + r}]: stored {stored_value} × scale {float(s[r])} = "
+                             f"{stored_value * float(s[r])}, source {float(wanted[r, c])}")
     if first is not None:
         result.problem = f"{first} ({result.violations} values of this expert violate)"
     return result

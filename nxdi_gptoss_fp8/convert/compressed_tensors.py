@@ -31,7 +31,7 @@ from ..quant import FP8_DTYPE
 from ..safetensors_header import TensorInfo
 from .layout import chunk_halves, chunk_interleaved, pad_to, place_down, place_gate_up
 from .output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, put_biases, stream_experts
-from .source import EXPERTS, FLOAT_DTYPES, HF_PREFIX, SourceReader, SourceSpec, non_expert_specs
+from .source import EXPERTS, FLOAT_DTYPES, HF_PREFIX, ExpertRows, SourceReader, SourceSpec, non_expert_specs
 
 NAME = "compressed-tensors-fp8"
 QUANT_METHOD = "compressed-tensors"
@@ -124,22 +124,24 @@ class CompressedTensorsFp8:
         put_biases(out, layer, *self.reference_biases(reader, layer), layout)
         return [_projection(reader, layer, proj, out, layout, workspace) for proj in (fmt.GATE_UP, fmt.DOWN)]
 
-    def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> torch.Tensor:
-        """``q × weight_scale`` in float32 (exact: 4 × 8 or 11 significant bits), float64 for F32
-        scales; gate_up rows re-interleaved according to the split."""
+    def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> ExpertRows:
+        """``q × weight_scale``: exact in float32 for BF16/F16 scales (4 × 8 or 11 significant
+        bits), float64 for F32 ones; gate_up rows re-interleaved according to the split."""
         prefix = _prefix(reader, layer, expert)
 
-        def dequantized(name: str) -> torch.Tensor:
-            q, scale = reader.get(f"{prefix}{name}.weight"), reader.get(f"{prefix}{name}.weight_scale")
-            wide = torch.float64 if scale.dtype == torch.float32 else torch.float32
-            return q.to(wide) * scale.to(wide)
+        def part(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+            return reader.get(f"{prefix}{name}.weight"), reader.get(f"{prefix}{name}.weight_scale")
 
         if proj == fmt.DOWN:
-            return dequantized("down_proj")
-        gate, up = dequantized("gate_proj"), dequantized("up_proj")
-        if reader.source.options["gate_up_split"] == SPLIT_HALVES:
-            return torch.cat((gate, up))
-        return torch.stack((gate, up), dim=1).reshape(2 * gate.shape[0], gate.shape[1])
+            q, scale = part("down_proj")
+        else:
+            (gate, gate_scale), (up, up_scale) = part("gate_proj"), part("up_proj")
+            if reader.source.options["gate_up_split"] == SPLIT_HALVES:  # gate_proj, up_proj: the fused rows
+                q, scale = torch.cat((gate, up)), torch.cat((gate_scale, up_scale))
+            else:
+                q = torch.stack((gate, up), dim=1).reshape(2 * gate.shape[0], gate.shape[1])
+                scale = torch.stack((gate_scale, up_scale), dim=1).reshape(2 * gate.shape[0], 1)
+        return _ScaledRows(q, scale)
 
     def reference_biases(self, reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         experts = reader.source.dims.num_local_experts
@@ -151,6 +153,17 @@ class CompressedTensorsFp8:
         else:
             gate_up = torch.stack((gate, up), dim=2).reshape(experts, 2 * gate.shape[1])
         return gate_up, biases["down_proj"]
+
+
+class _ScaledRows(ExpertRows):
+    """compressed-tensors rows: their FP8 times their channel scale."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:
+        super().__init__(q, tuple(q.shape), torch.float64 if scale.dtype == torch.float32 else torch.float32)
+        self.scale = scale.to(self.dtype)
+
+    def decode(self, raw_rows: torch.Tensor, start: int, stop: int, step: int) -> torch.Tensor:
+        return raw_rows.to(self.dtype) * self.scale[start:stop:step]
 
 
 def _prefix(reader: SourceReader, layer: int, expert: int) -> str:
@@ -310,23 +323,22 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str) -> tuple[tor
         stop = min(rows, start + step)
         block, halved = q[start:stop], out[start:stop]
         if block.numel() % 2 == 0:
-            index = block.reshape(-1).view(torch.int16).to(torch.int32).bitwise_and_(0xFFFF)
+            index = block.reshape(-1).view(torch.uint16).to(torch.int32)
             torch.index_select(_HALVED_PAIRS, 0, index, out=halved.view(-1).view(torch.int16))
         else:
             halved.copy_(_HALVED[block.to(torch.int32)])
         keep = ~halve[start:stop]
+        odd_bottom = (block & _ODD_BOTTOM_MASK) == 1  # odd values of the bottom binade round when halved
         if bool(keep.any()):
             halved[keep] = block[keep]
-        if bool(((block & _ODD_BOTTOM_MASK) == 1).any()):  # odd values of the bottom binade round
-            _count_rounded(block[~keep], exactness)
+            odd_bottom &= halve[start:stop].unsqueeze(1)
+        if bool(odd_bottom.any()):
+            _count_rounded(block[odd_bottom], exactness)
     return out, s, exactness
 
 
-def _count_rounded(rows: torch.Tensor, exactness: Exactness) -> None:
-    """Add the values of ``rows`` (to be halved) that halving rounds, with their worst error."""
-    bottom = rows[(rows & _ODD_BOTTOM_MASK) == 1]
-    if not bottom.numel():
-        return
+def _count_rounded(bottom: torch.Tensor, exactness: Exactness) -> None:
+    """Add the bytes ``bottom`` (values that halving rounds) with their worst relative error."""
     before = bottom.view(FP8_DTYPE).double()
     after = _HALVED[bottom.to(torch.int32)].view(FP8_DTYPE).double() * 2
     exactness.inexact += bottom.numel()

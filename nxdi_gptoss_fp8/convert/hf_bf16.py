@@ -17,7 +17,7 @@ from ..errors import ConversionError
 from ..quant import quantize_expertwise
 from ..safetensors_header import TensorInfo
 from .output import ExpertStats, Output, Workspace, hf_biases, put_biases
-from .source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name, non_expert_specs
+from .source import FLOAT_DTYPES, ExpertRows, SourceReader, SourceSpec, expert_source_name, non_expert_specs
 
 NAME = "hf-bf16"
 
@@ -62,9 +62,10 @@ class HfBf16:
         put_biases(out, layer, *hf_biases(reader, layer), layout)
         return [_projection(reader, layer, proj, out) for proj in (fmt.GATE_UP, fmt.DOWN)]
 
-    def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> torch.Tensor:
+    def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> ExpertRows:
         short = "gate_up_proj" if proj == fmt.GATE_UP else "down_proj"
-        return reader.slice(expert_source_name(layer, short))[expert].float().t()  # [2I, H] or [H, I]
+        rows = reader.slice(expert_source_name(layer, short))[expert].t()  # [2I, H] or [H, I], as stored
+        return ExpertRows(rows, tuple(rows.shape), torch.float32)
 
     def reference_biases(self, reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return hf_biases(reader, layer)

@@ -19,7 +19,7 @@ from ..errors import ConversionError
 from ..safetensors_header import TensorInfo
 from .layout import chunk_interleaved, pad_to, place_down, place_gate_up
 from .output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, hf_biases, put_biases, stream_experts
-from .source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name, non_expert_specs
+from .source import FLOAT_DTYPES, ExpertRows, SourceReader, SourceSpec, expert_source_name, non_expert_specs
 
 NAME = "hf-mxfp4"
 ENCODE_ROWS = 1024
@@ -70,14 +70,26 @@ class HfMxfp4:
         put_biases(out, layer, *hf_biases(reader, layer), layout)
         return [_projection(reader, layer, proj, out, layout, workspace) for proj in (fmt.GATE_UP, fmt.DOWN)]
 
-    def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> torch.Tensor:
+    def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> ExpertRows:
         short = "gate_up_proj" if proj == fmt.GATE_UP else "down_proj"
         blocks = reader.slice(expert_source_name(layer, f"{short}_blocks"))[expert]
         scales = reader.slice(expert_source_name(layer, f"{short}_scales"))[expert]
-        return mxfp4.decode(blocks, scales)  # value table and ldexp: shares nothing with the byte table
+        return _DecodedRows(blocks, scales)
 
     def reference_biases(self, reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return hf_biases(reader, layer)
+
+
+class _DecodedRows(ExpertRows):
+    """MXFP4 rows through ``mxfp4.decode`` (a value table and a power of two: shares nothing
+    with the byte table), exact in float32."""
+
+    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor) -> None:
+        super().__init__(blocks, (scales.shape[0], scales.shape[1] * mxfp4.BLOCK_SIZE), torch.float32)
+        self.scales = scales
+
+    def decode(self, raw_rows: torch.Tensor, start: int, stop: int, step: int) -> torch.Tensor:
+        return mxfp4.decode(raw_rows, self.scales[start:stop:step])
 
 
 def _encode_expert(lane: Lane, blocks: torch.Tensor, scales: torch.Tensor, proj: str, padded_i: int,

@@ -123,13 +123,30 @@ class SourceKind(Protocol):
                         workspace: Workspace) -> list[ExpertStats]:
         """Write one layer's expert weights, scales and biases; return per-projection exactness."""
 
-    def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> torch.Tensor:
-        """float32 [out, in] of one expert as the source means it (gate_up: rows interleaved,
-        even = gate, odd = up), decoded without sharing code with ``convert_experts``. Every
-        value must be exact in float32 (the verifier relies on it)."""
+    def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> ExpertRows:
+        """One expert [out, in] as the source means it (gate_up: rows interleaved, even = gate,
+        odd = up), decoded row block by row block on demand, without sharing code with
+        ``convert_experts``."""
 
     def reference_biases(self, reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """BF16 (gate_up [E, 2I] interleaved, down [E, H]) biases as the source means them."""
+
+
+class ExpertRows:
+    """One source expert's values [out, in], decoded on demand, a few rows at a time (so the
+    verifier's comparison stays in cache): ``rows(start, stop, step)`` gives exact float32
+    values (float64 where float32 cannot hold them exactly, ``dtype`` says which). This base
+    class holds values already decoded; kinds subclass ``decode``."""
+
+    def __init__(self, raw: torch.Tensor, shape: tuple[int, int], dtype: Any) -> None:
+        self.raw, self.shape, self.dtype = raw, shape, dtype
+
+    def decode(self, raw_rows: torch.Tensor, start: int, stop: int, step: int) -> torch.Tensor:
+        return raw_rows.to(self.dtype)
+
+    def rows(self, start: int, stop: int, step: int = 1) -> torch.Tensor:
+        """float [len(range(start, stop, step)), in]: the source rows ``start:stop:step``."""
+        return self.decode(self.raw[start:stop:step], start, stop, step)
 
 
 class SourceReader:
