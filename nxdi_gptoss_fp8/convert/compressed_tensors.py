@@ -27,7 +27,7 @@ import torch
 from .. import format as fmt
 from ..errors import ConversionError
 from ..mxfp4 import Exactness
-from ..quant import FP8_DTYPE
+from ..quant import FP8_DTYPE, fp8_values
 from ..safetensors_header import TensorInfo
 from .layout import chunk_halves, chunk_interleaved, pad_to, place_down, place_gate_up
 from .output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, put_biases, stream_experts
@@ -163,7 +163,8 @@ class _ScaledRows(ExpertRows):
         self.scale = scale.to(self.dtype)
 
     def decode(self, raw_rows: torch.Tensor, start: int, stop: int, step: int) -> torch.Tensor:
-        return raw_rows.to(self.dtype) * self.scale[start:stop:step]
+        values = fp8_values(raw_rows) if self.dtype == torch.float32 else raw_rows.to(self.dtype)
+        return values.mul_(self.scale[start:stop:step])
 
 
 def _prefix(reader: SourceReader, layer: int, expert: int) -> str:
