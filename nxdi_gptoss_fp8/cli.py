@@ -145,7 +145,7 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
 def _make_tiny_source(args: argparse.Namespace) -> int:
     """``make-tiny --hf-mxfp4`` / ``--hf-bf16``: a tiny synthetic HF source to try ``convert`` on."""
     _needs(f"--hf-{args.hf}", "torch", "safetensors")
-    from .synthetic import SOURCE_DIMS, make_source
+    from .synthetic import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
     from .writer import prepare_output
 
     if args.padded_hidden_size is not None or args.padded_intermediate_size is not None:
@@ -158,7 +158,8 @@ def _make_tiny_source(args: argparse.Namespace) -> int:
         import shutil
 
         shutil.rmtree(args.out)
-    out = make_source(args.out, args.hf, dims=_dims(args, SOURCE_DIMS), seed=args.seed, original=False)
+    source_kind = SOURCE_MXFP4 if args.hf == "mxfp4" else SOURCE_BF16
+    out = make_source(args.out, source_kind, dims=_dims(args, SOURCE_DIMS), seed=args.seed, original=False)
     kind = "MXFP4" if args.hf == "mxfp4" else "BF16"
     print(f"wrote a tiny synthetic HF {kind} GPT-OSS source to {out} (random values, the published repos' layout)")
     print(f"try: nxdi-gptoss-fp8 convert {out} {out}-fp8 && nxdi-gptoss-fp8 verify-conversion {out}-fp8 --source {out}")

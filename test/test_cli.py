@@ -211,9 +211,9 @@ def test_plurals_in_the_verdict(tiny_checkpoint: Path, capsys: pytest.CaptureFix
 
 
 def test_an_hf_checkpoint_is_summarized_and_all_lists_everything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from nxdi_gptoss_fp8.synthetic import make_source
+    from nxdi_gptoss_fp8.synthetic import SOURCE_MXFP4, make_source
 
-    src = make_source(tmp_path / "hf", "mxfp4")
+    src = make_source(tmp_path / "hf", SOURCE_MXFP4)
     _, summarized, _ = run(["validate", str(src)], capsys)
     _, every, _ = run(["validate", str(src), "--all"], capsys)
     hf_lines = [line for line in summarized.splitlines() if "namespace.hf_name" in line]
@@ -339,7 +339,8 @@ def test_make_tiny_hf_source_converts_and_verifies(tmp_path: Path, capsys: pytes
     code, stdout, _ = run(["make-tiny", str(src), f"--hf-{kind}"], capsys)
     assert code == 0 and f"nxdi-gptoss-fp8 convert {src}" in stdout
     assert not (src / "original").exists()
-    assert run(["convert", str(src), str(out)], capsys)[0] == 0
+    code, converted, _ = run(["convert", str(src), str(out), "--json"], capsys)
+    assert code == 0 and json.loads(converted)["source_format"] == f"hf-{kind}"
     assert run(["verify-conversion", str(out), "--source", str(src)], capsys)[0] == 0
     assert run(["validate", str(out), "--allow-custom-model"], capsys)[0] == 0
     code, _, err = run(["make-tiny", str(src), f"--hf-{kind}"], capsys)

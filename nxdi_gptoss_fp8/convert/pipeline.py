@@ -44,6 +44,8 @@ def source_kind(source: Source) -> SourceKind:
 def source_specs(dims: fmt.ModelDims, kind: str, options: dict[str, Any] | None = None) -> dict[str, SourceSpec]:
     """Every tensor of a GPT-OSS source of ``kind`` (``hf-mxfp4``, ``hf-bf16`` or
     ``compressed-tensors-fp8``; the latter needs the ``options`` its detection resolved)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown source kind {kind!r}: one of {', '.join(KINDS)}")
     return KINDS[kind].specs(dims, options or {})
 
 
