@@ -288,7 +288,9 @@ def _unsafe_name(name: str) -> str | None:
 def _check_stray_files(view: CheckpointView, report: PreflightReport) -> None:
     if view.index is None:
         return  # without a readable index every shard would look stray: the index finding says it
-    listed = set(view.weight_map.values())
+    # every name the index lists counts, also one refused as a shard name (its own finding says so)
+    weight_map = view.index.get("weight_map")
+    listed = {s for s in weight_map.values() if type(s) is str} if isinstance(weight_map, dict) else set()
     try:
         entries = sorted(os.listdir(view.root))
     except OSError as exc:

@@ -3,9 +3,11 @@
 Every case starts from a valid tiny checkpoint (``make_tiny``: unpadded, or padded for the
 padding cases), breaks it in one realistic way, and by default re-syncs the index's
 ``total_size`` and ``shard_sha256`` so the intended defect is the only one (cases about those
-fields opt out). ``corpus(bases)`` yields ``(name, expected_check, builder)``; ``builder(dest)``
-writes the case into ``dest`` and returns the preflight keyword arguments it needs
-(``deep``, ``verify_checksums``, ``neuron_config``, ``allow_custom_model``).
+fields opt out). Every case names the exact finding ``code`` it must draw (and, in ``also``,
+any other code of the same check its defect draws by nature). ``corpus(bases)`` yields
+``(name, expected_check, builder)``; ``builder(dest)`` writes the case into ``dest`` and returns
+the preflight keyword arguments it needs (``deep``, ``verify_checksums``, ``neuron_config``,
+``allow_custom_model``).
 
     python test/corpus.py OUT_DIR     # writes every case into OUT_DIR/<name>/ and validates it
 """
@@ -227,21 +229,22 @@ class Case:
     mutate: Callable[[Ckpt], Options | None]
     base: str
     sync: bool
-    code: str | None = None  # the exact finding code, where the case pins it
+    code: str  # the exact finding code the case must draw (an error, or a warning if ``warning``)
     warning: bool = False  # a warning on an otherwise valid checkpoint (not an error)
+    also: tuple[str, ...] = ()  # other codes of the same check the defect also draws, by its nature
 
 
 CASES: list[Case] = []
 
 
-def case(name: str, check: str, *, base: str = "tiny", sync: bool = True, code: str | None = None,
-         warning: bool = False) -> Callable[[Callable[[Ckpt], Any]], Any]:
+def case(name: str, check: str, *, code: str, base: str = "tiny", sync: bool = True,
+         warning: bool = False, also: tuple[str, ...] = ()) -> Callable[[Callable[[Ckpt], Any]], Any]:
     """Register a corpus case: ``mutate(ckpt)`` breaks a copy of the base checkpoint."""
     def register(mutate: Callable[[Ckpt], Options | None]) -> Callable[[Ckpt], Options | None]:
         assert check in _CHECKS, check
-        assert code is None or code.startswith(check + "."), code
+        assert all(c.startswith(check + ".") for c in (code, *also)), (code, also)
         assert all(c.name != name for c in CASES), name
-        CASES.append(Case(name, check, mutate, base, sync, code, warning))
+        CASES.append(Case(name, check, mutate, base, sync, code, warning, also))
         return mutate
     return register
 
@@ -283,23 +286,23 @@ def _zeros(dtype: str, shape: tuple[int, ...]) -> Tensor:
 # ============================================================================ filesystem
 
 
-@case("missing_directory", "filesystem")
+@case("missing_directory", "filesystem", code="filesystem.missing_directory")
 def _(ck: Ckpt) -> None:
     shutil.rmtree(ck.root)
 
 
-@case("path_is_a_file", "filesystem")
+@case("path_is_a_file", "filesystem", code="filesystem.not_a_directory")
 def _(ck: Ckpt) -> None:
     shutil.rmtree(ck.root)
     ck.root.write_text("not a checkpoint")
 
 
-@case("missing_index", "filesystem")
+@case("missing_index", "filesystem", code="filesystem.missing_index")
 def _(ck: Ckpt) -> None:
     (ck.root / fmt.INDEX_FILE).unlink()
 
 
-@case("single_file_model_without_index", "filesystem")
+@case("single_file_model_without_index", "filesystem", code="filesystem.missing_index")
 def _(ck: Ckpt) -> None:
     (ck.root / fmt.INDEX_FILE).unlink()
     for shard in list(ck.root.glob("*.safetensors"))[1:]:
@@ -307,52 +310,52 @@ def _(ck: Ckpt) -> None:
     next(ck.root.glob("*.safetensors")).rename(ck.root / "model.safetensors")
 
 
-@case("shard_name_dotdot", "filesystem")
+@case("shard_name_dotdot", "filesystem", code="filesystem.unsafe_shard_name")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": "../x.safetensors"}))
 
 
-@case("shard_name_absolute", "filesystem")
+@case("shard_name_absolute", "filesystem", code="filesystem.unsafe_shard_name")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": "/etc/passwd"}))
 
 
-@case("shard_name_backslash", "filesystem")
+@case("shard_name_backslash", "filesystem", code="filesystem.unsafe_shard_name")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": "sub\\model.safetensors"}))
 
 
-@case("shard_name_drive_letter", "filesystem")
+@case("shard_name_drive_letter", "filesystem", code="filesystem.unsafe_shard_name")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": "C:model.safetensors"}))
 
 
-@case("symlinked_shard_outside", "filesystem")
+@case("symlinked_shard_outside", "filesystem", code="filesystem.link_outside")
 def _(ck: Ckpt) -> None:
     shard = ck.shard_of("norm.weight")
     (ck.root / shard).unlink()
     (ck.root / shard).symlink_to(ck.bases.tiny / shard)
 
 
-@case("shard_is_a_directory", "filesystem")
+@case("shard_is_a_directory", "filesystem", code="filesystem.not_a_file")
 def _(ck: Ckpt) -> None:
     shard = ck.shard_of("norm.weight")
     (ck.root / shard).unlink()
     (ck.root / shard).mkdir()
 
 
-@case("stray_pytorch_bin_pickle", "filesystem")
+@case("stray_pytorch_bin_pickle", "filesystem", code="filesystem.stray_weight_file")
 def _(ck: Ckpt) -> None:
     (ck.root / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")  # a pickle: never opened
 
 
-@case("stray_second_safetensors_set", "filesystem")
+@case("stray_second_safetensors_set", "filesystem", code="filesystem.stray_weight_file")
 def _(ck: Ckpt) -> None:
     first = _shard_files(ck.bases.other_plan)[0]
     shutil.copy(first, ck.root / first.name)
 
 
-@case("stray_pt_non_utf8_name", "filesystem")
+@case("stray_pt_non_utf8_name", "filesystem", code="filesystem.stray_weight_file")
 def _(ck: Ckpt) -> None:
     with open(os.path.join(os.fsencode(ck.root), b"consolidated\xff.pt"), "wb") as handle:
         handle.write(b"\x80\x02.")
@@ -361,143 +364,143 @@ def _(ck: Ckpt) -> None:
 # ============================================================================ index
 
 
-@case("index_not_json", "index", sync=False)
+@case("index_not_json", "index", sync=False, code="index.invalid_json")
 def _(ck: Ckpt) -> None:
     (ck.root / fmt.INDEX_FILE).write_text("{'metadata': {},")
 
 
-@case("index_not_utf8", "index", sync=False)
+@case("index_not_utf8", "index", sync=False, code="index.invalid_json")
 def _(ck: Ckpt) -> None:
     (ck.root / fmt.INDEX_FILE).write_bytes(b'{"metadata": {"format": "\xff\xfe"}}')
 
 
-@case("index_not_an_object", "index", sync=False)
+@case("index_not_an_object", "index", sync=False, code="index.not_an_object")
 def _(ck: Ckpt) -> None:
     (ck.root / fmt.INDEX_FILE).write_text("[1, 2, 3]")
 
 
-@case("index_json_null", "index", sync=False)
+@case("index_json_null", "index", sync=False, code="index.not_an_object")
 def _(ck: Ckpt) -> None:
     (ck.root / fmt.INDEX_FILE).write_text("null")
 
 
-@case("index_duplicate_weight_map_key", "index", sync=False)
+@case("index_duplicate_weight_map_key", "index", sync=False, code="index.duplicate_key")
 def _(ck: Ckpt) -> None:
     ck.replace_in(fmt.INDEX_FILE, '"weight_map": {', f'"weight_map": {{\n    "norm.weight": "{SHARD1}",')
 
 
-@case("index_duplicate_metadata_key", "index", sync=False)
+@case("index_duplicate_metadata_key", "index", sync=False, code="index.duplicate_key")
 def _(ck: Ckpt) -> None:
     ck.replace_in(fmt.INDEX_FILE, '"metadata": {', '"metadata": {\n    "padded_hidden_size": 96,')
 
 
-@case("index_nan_literal", "index", sync=False)
+@case("index_nan_literal", "index", sync=False, code="index.invalid_json")
 def _(ck: Ckpt) -> None:
     ck.replace_in(fmt.INDEX_FILE, '"fp8_max": 240.0', '"fp8_max": NaN')
 
 
-@case("index_integer_beyond_digit_limit", "index", sync=False)
+@case("index_integer_beyond_digit_limit", "index", sync=False, code="index.number_too_large")
 def _(ck: Ckpt) -> None:
     ck.replace_in(fmt.INDEX_FILE, '"format_version": 1', '"format_version": 1' + "0" * 5000)
 
 
-@case("index_lone_surrogate_shard_name", "index", sync=False)
+@case("index_lone_surrogate_shard_name", "index", sync=False, code="index.invalid_json")
 def _(ck: Ckpt) -> None:
     ck.replace_in(fmt.INDEX_FILE, '"norm.weight": "', '"norm.weight": "\\ud800')
 
 
-@case("index_deeply_nested", "index", sync=False)
+@case("index_deeply_nested", "index", sync=False, code="index.too_deep")
 def _(ck: Ckpt) -> None:
     ck.replace_in(fmt.INDEX_FILE, '"source": {', '"source": {"x": ' + "[" * 100_000 + "]" * 100_000 + ",")
 
 
-@case("index_missing_metadata_field", "index")
+@case("index_missing_metadata_field", "index", code="index.missing_metadata_field")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc["metadata"].pop("padded_hidden_size"))
 
 
-@case("index_extra_metadata_field", "index")
+@case("index_extra_metadata_field", "index", code="index.unexpected_metadata")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(quantization_block_size=128)
 
 
-@case("index_extra_top_level_field", "index")
+@case("index_extra_top_level_field", "index", code="index.unexpected_field")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc.update(version="1"))
 
 
-@case("index_format_version_2", "index")
+@case("index_format_version_2", "index", code="index.wrong_metadata_value")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(format_version=2)
 
 
-@case("index_format_version_bool", "index")
+@case("index_format_version_bool", "index", code="index.wrong_metadata_type")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(format_version=True)
 
 
-@case("index_fp8_max_448_ocp_range", "index")
+@case("index_fp8_max_448_ocp_range", "index", code="index.wrong_metadata_value")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(fp8_max=448.0)
 
 
-@case("index_wrong_format_name", "index")
+@case("index_wrong_format_name", "index", code="index.wrong_metadata_value")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(format="compressed-tensors")
 
 
-@case("index_unknown_profile", "index")
+@case("index_unknown_profile", "index", code="index.unknown_profile")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(model_profile="gpt-oss-200b")
 
 
-@case("index_total_size_wrong", "index", sync=False)
+@case("index_total_size_wrong", "index", sync=False, code="index.total_size_mismatch")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(total_size=ck.index["metadata"]["total_size"] + 2)
 
 
-@case("index_total_size_is_file_sizes", "index", sync=False)
+@case("index_total_size_is_file_sizes", "index", sync=False, code="index.total_size_mismatch")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(total_size=sum((ck.root / s).stat().st_size for s in ck.shards()))
 
 
-@case("index_empty_weight_map", "index")
+@case("index_empty_weight_map", "index", code="index.empty_weight_map")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc.update(weight_map={}))
 
 
-@case("index_weight_map_not_an_object", "index")
+@case("index_weight_map_not_an_object", "index", code="index.missing_weight_map")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc.update(weight_map=[SHARD1]))
 
 
-@case("index_shard_name_not_a_string", "index")
+@case("index_shard_name_not_a_string", "index", code="index.bad_weight_map_entry")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": 4}))
 
 
-@case("hf_index_over_normalized_shards", "index")
+@case("hf_index_over_normalized_shards", "index", code="index.not_normalized", also=("index.missing_metadata_field",))
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc.update(metadata={"total_size": doc["metadata"]["total_size"]}))
 
 
-@case("index_digest_uppercase_hex", "index", sync=False)
+@case("index_digest_uppercase_hex", "index", sync=False, code="index.bad_shard_sha256")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc["metadata"]["shard_sha256"].update(
         {SHARD1: doc["metadata"]["shard_sha256"][SHARD1].upper()}))
 
 
-@case("index_digest_for_unknown_shard", "index", sync=False)
+@case("index_digest_for_unknown_shard", "index", sync=False, code="index.bad_shard_sha256")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc["metadata"]["shard_sha256"].update({"model-00009-of-00009.safetensors": "0" * 64}))
 
 
-@case("index_digests_not_an_object", "index", sync=False)
+@case("index_digests_not_an_object", "index", sync=False, code="index.wrong_metadata_type")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc["metadata"].update(shard_sha256=sorted(doc["metadata"]["shard_sha256"].values())))
 
 
-@case("index_source_not_an_object", "index")
+@case("index_source_not_an_object", "index", code="index.wrong_metadata_type")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(source="converted by hand")
 
@@ -505,7 +508,7 @@ def _(ck: Ckpt) -> None:
 # ============================================================================ header
 
 
-def _header_case(name: str, check: str = "header", code: str | None = None) -> Callable[[Callable[[Ckpt, str], Any]], Any]:
+def _header_case(name: str, *, code: str, check: str = "header") -> Callable[[Callable[[Ckpt, str], Any]], Any]:
     """A case that breaks the header of the shard holding norm.weight."""
     def register(mutate: Callable[[Ckpt, str], Any]) -> Callable[[Ckpt, str], Any]:
         case(name, check, code=code)(lambda ck: mutate(ck, ck.shard_of("norm.weight")))
@@ -513,109 +516,109 @@ def _header_case(name: str, check: str = "header", code: str | None = None) -> C
     return register
 
 
-@_header_case("half_copied_shard")
+@_header_case("half_copied_shard", code="header.data_beyond_file")
 def _(ck: Ckpt, shard: str) -> None:
     path = ck.root / shard
     os.truncate(path, path.stat().st_size // 2)
 
 
-@_header_case("shard_shorter_than_prefix")
+@_header_case("shard_shorter_than_prefix", code="header.too_short")
 def _(ck: Ckpt, shard: str) -> None:
     (ck.root / shard).write_bytes(b"\x10\x00\x00")
 
 
-@_header_case("empty_shard_file")
+@_header_case("empty_shard_file", code="header.too_short")
 def _(ck: Ckpt, shard: str) -> None:
     (ck.root / shard).write_bytes(b"")
 
 
-@_header_case("length_prefix_2_64_minus_1")
+@_header_case("length_prefix_2_64_minus_1", code="header.header_too_large")
 def _(ck: Ckpt, shard: str) -> None:
     text, data = ck.raw_header(shard)
     ck.write_raw(shard, text, data, length=2**64 - 1)
 
 
-@_header_case("length_prefix_above_cap")
+@_header_case("length_prefix_above_cap", code="header.header_too_large")
 def _(ck: Ckpt, shard: str) -> None:
     text, data = ck.raw_header(shard)
     ck.write_raw(shard, text, data, length=100_000_001)
 
 
-@_header_case("length_prefix_beyond_file")
+@_header_case("length_prefix_beyond_file", code="header.header_beyond_file")
 def _(ck: Ckpt, shard: str) -> None:
     text, data = ck.raw_header(shard)
     ck.write_raw(shard, text, data, length=len(text) + len(data) + 1)
 
 
-@_header_case("header_padded_with_nuls")
+@_header_case("header_padded_with_nuls", code="header.invalid_json")
 def _(ck: Ckpt, shard: str) -> None:
     text, data = ck.raw_header(shard)
     stripped = text.rstrip(b" ")
     ck.write_raw(shard, stripped + b"\x00" * (len(text) - len(stripped) + 8), data)
 
 
-@_header_case("duplicate_names_in_one_header")
+@_header_case("duplicate_names_in_one_header", code="header.duplicate_key")
 def _(ck: Ckpt, shard: str) -> None:
     text, data = ck.raw_header(shard)
     entry = json.dumps({"norm.weight": {"dtype": "BF16", "shape": [0], "data_offsets": [0, 0]}})[1:-1]
     ck.write_raw(shard, b"{" + entry.encode() + b"," + text.strip()[1:], data)
 
 
-@_header_case("header_not_utf8")
+@_header_case("header_not_utf8", code="header.not_utf8")
 def _(ck: Ckpt, shard: str) -> None:
     text, data = ck.raw_header(shard)
     ck.write_raw(shard, text.replace(b'"norm.weight"', b'"norm.w\xe9ight"'), data)
 
 
-@_header_case("header_json_array")
+@_header_case("header_json_array", code="header.invalid_json")
 def _(ck: Ckpt, shard: str) -> None:
     _, data = ck.raw_header(shard)
     ck.write_raw(shard, b"[" + b" " * 6 + b"]", data)
 
 
-@_header_case("header_nan_offset")
+@_header_case("header_nan_offset", code="header.invalid_json")
 def _(ck: Ckpt, shard: str) -> None:
     text, data = ck.raw_header(shard)
     ck.write_raw(shard, text.replace(b'"data_offsets":[0,', b'"data_offsets":[NaN,', 1), data)
 
 
-@_header_case("header_deeply_nested_metadata")
+@_header_case("header_deeply_nested_metadata", code="header.too_deep")
 def _(ck: Ckpt, shard: str) -> None:
     text, data = ck.raw_header(shard)
     ck.write_raw(shard, b'{"__metadata__":' + b"[" * 200_000 + b"]" * 200_000 + b"," + text.strip()[1:], data)
 
 
-@_header_case("header_metadata_not_strings")
+@_header_case("header_metadata_not_strings", code="header.bad_metadata")
 def _(ck: Ckpt, shard: str) -> None:
     ck.edit_header_json(shard, lambda doc: doc.update({"__metadata__": {"format": 1}}))
 
 
-@_header_case("unknown_dtype_f8_e4m3fn")
+@_header_case("unknown_dtype_f8_e4m3fn", code="header.unknown_dtype")
 def _(ck: Ckpt, shard: str) -> None:
     ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(dtype="F8_E4M3FN"))
 
 
-@_header_case("negative_shape")
+@_header_case("negative_shape", code="header.bad_shape")
 def _(ck: Ckpt, shard: str) -> None:
     ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(shape=[-64]))
 
 
-@_header_case("float_shape")
+@_header_case("float_shape", code="header.bad_shape")
 def _(ck: Ckpt, shard: str) -> None:
     ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(shape=[64.0]))
 
 
-@_header_case("entry_with_extra_field")
+@_header_case("entry_with_extra_field", code="header.bad_entry")
 def _(ck: Ckpt, shard: str) -> None:
     ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(layout="row_major"))
 
 
-@_header_case("size_not_numel_times_itemsize")
+@_header_case("size_not_numel_times_itemsize", code="header.size_mismatch")
 def _(ck: Ckpt, shard: str) -> None:
     ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(shape=[63]))
 
 
-@_header_case("shape_overflows_64_bits")
+@_header_case("shape_overflows_64_bits", code="header.size_overflow")
 def _(ck: Ckpt, shard: str) -> None:
     ck.edit_header_json(shard, lambda doc: doc["norm.weight"].update(shape=[2**40, 2**40]))
 
@@ -625,7 +628,7 @@ def _shift(doc: dict[str, Any], key: str, delta: int) -> None:
     doc[key]["data_offsets"] = [begin + delta, end + delta]
 
 
-@_header_case("overlapping_offsets")
+@_header_case("overlapping_offsets", code="header.offsets_overlap")
 def _(ck: Ckpt, shard: str) -> None:
     def edit(doc: dict[str, Any]) -> None:
         last = max((k for k in doc if k != "__metadata__"), key=lambda k: doc[k]["data_offsets"][0])
@@ -633,7 +636,7 @@ def _(ck: Ckpt, shard: str) -> None:
     ck.edit_header_json(shard, edit)
 
 
-@_header_case("gap_between_tensors")
+@_header_case("gap_between_tensors", code="header.offsets_gap")
 def _(ck: Ckpt, shard: str) -> None:
     text, data = ck.raw_header(shard)
     document = json.loads(text)
@@ -643,13 +646,13 @@ def _(ck: Ckpt, shard: str) -> None:
     ck.write_raw(shard, document, data[:begin] + b"\x00\x00" + data[begin:])
 
 
-@_header_case("trailing_bytes_after_data")
+@_header_case("trailing_bytes_after_data", code="header.trailing_bytes")
 def _(ck: Ckpt, shard: str) -> None:
     with open(ck.root / shard, "ab") as handle:
         handle.write(b"\x00" * 16)
 
 
-@_header_case("offsets_not_from_zero")
+@_header_case("offsets_not_from_zero", code="header.offsets_gap")
 def _(ck: Ckpt, shard: str) -> None:
     text, data = ck.raw_header(shard)
     document = json.loads(text)
@@ -661,33 +664,33 @@ def _(ck: Ckpt, shard: str) -> None:
 # ============================================================================ ownership, collision
 
 
-@case("key_assigned_to_wrong_shard", "ownership")
+@case("key_assigned_to_wrong_shard", "ownership", code="ownership.key_in_other_shard")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": SHARD1}))
 
 
-@case("key_missing_from_index", "ownership")
+@case("key_missing_from_index", "ownership", code="ownership.unlisted_key")
 def _(ck: Ckpt) -> None:
     ck.edit_index(lambda doc: doc["weight_map"].pop("norm.weight"))
 
 
-@case("listed_shard_missing", "ownership")
+@case("listed_shard_missing", "ownership", code="ownership.missing_shard")
 def _(ck: Ckpt) -> None:
     (ck.root / ck.shard_of("norm.weight")).unlink()
 
 
-@case("second_checkpoints_shard_dropped_in", "ownership")
+@case("second_checkpoints_shard_dropped_in", "ownership", code="ownership.key_not_in_shard")
 def _(ck: Ckpt) -> None:
     shutil.copy(_shard_files(ck.bases.other_plan)[1], ck.root / SHARD2)
 
 
-@case("tensor_in_two_shards", "collision")
+@case("tensor_in_two_shards", "collision", code="collision.duplicate_tensor")
 def _(ck: Ckpt) -> None:
     copy = ck.tensors(ck.shard_of("norm.weight"))["norm.weight"]
     ck.edit_shard(SHARD1, lambda ts: ts.update({"norm.weight": copy}))
 
 
-@case("tensor_in_two_shards_both_listed_elsewhere", "collision")
+@case("tensor_in_two_shards_both_listed_elsewhere", "collision", code="collision.duplicate_tensor")
 def _(ck: Ckpt) -> None:
     copy = ck.tensors(SHARD1)[GATE_UP_B]
     ck.edit_shard(SHARD2, lambda ts: ts.update({GATE_UP_B: copy}))
@@ -696,61 +699,61 @@ def _(ck: Ckpt) -> None:
 # ============================================================================ namespace
 
 
-@case("missing_canonical_key", "namespace")
+@case("missing_canonical_key", "namespace", code="namespace.missing_key")
 def _(ck: Ckpt) -> None:
     ck.remove_tensor("layers.1.self_attn.learned_sinks.sink")
 
 
-@case("unexpected_key", "namespace")
+@case("unexpected_key", "namespace", code="namespace.unexpected_key")
 def _(ck: Ckpt) -> None:
     ck.add_tensor("layers.0.self_attn.q_norm.weight", _zeros("BF16", (64,)))
 
 
-@case("layer_beyond_num_hidden_layers", "namespace")
+@case("layer_beyond_num_hidden_layers", "namespace", code="namespace.unexpected_key")
 def _(ck: Ckpt) -> None:
     ck.add_tensor("layers.2.input_layernorm.weight", _zeros("BF16", (64,)))
 
 
-@case("derived_rank_util_stored", "namespace")
+@case("derived_rank_util_stored", "namespace", code="namespace.derived_key")
 def _(ck: Ckpt) -> None:
     ck.add_tensor("rank_util.rank", Tensor("I32", (2,), struct.pack("<2i", 0, 1)))
 
 
-@case("derived_weight_unpadded_stored", "namespace")
+@case("derived_weight_unpadded_stored", "namespace", code="namespace.derived_key")
 def _(ck: Ckpt) -> None:
     ck.add_tensor("norm.weight_unpadded", _zeros("BF16", (64,)))
 
 
-@case("derived_lm_head_bias_stored", "namespace")
+@case("derived_lm_head_bias_stored", "namespace", code="namespace.derived_key")
 def _(ck: Ckpt) -> None:
     ck.add_tensor("lm_head.bias", _zeros("F32", (128,)))
 
 
-@case("derived_fused_wqkv_stored", "namespace")
+@case("derived_fused_wqkv_stored", "namespace", code="namespace.derived_key")
 def _(ck: Ckpt) -> None:
     ck.add_tensor("layers.0.self_attn.Wqkv.weight", _zeros("BF16", (128, 64)))
 
 
-@case("hf_model_prefix_names", "namespace")
+@case("hf_model_prefix_names", "namespace", code="namespace.hf_name", also=("namespace.missing_key",))
 def _(ck: Ckpt) -> None:
     for shard in ck.shards():
         ck.edit_shard(shard, lambda ts: ts.update({f"model.{k}": ts.pop(k) for k in list(ts)}))
     ck.edit_index(lambda doc: doc.update(weight_map={f"model.{k}": v for k, v in doc["weight_map"].items()}))
 
 
-@case("key_renamed_to_legacy_name", "namespace")
+@case("key_renamed_to_legacy_name", "namespace", code="namespace.legacy_name", also=("namespace.missing_key",))
 def _(ck: Ckpt) -> None:
     shard = ck.shard_of("embed_tokens.weight")
     ck.edit_shard(shard, lambda ts: ts.update({"embedding.weight": ts.pop("embed_tokens.weight")}))
     ck.edit_index(lambda doc: doc["weight_map"].update({"embedding.weight": doc["weight_map"].pop("embed_tokens.weight")}))
 
 
-@case("hf_mxfp4_blocks_tensor", "namespace")
+@case("hf_mxfp4_blocks_tensor", "namespace", code="namespace.hf_name")
 def _(ck: Ckpt) -> None:
     ck.add_tensor("layers.0.mlp.experts.gate_up_proj_blocks", _zeros("U8", (4, 128, 2, 16)))
 
 
-@case("legacy_block_prefix_tensor", "namespace")
+@case("legacy_block_prefix_tensor", "namespace", code="namespace.legacy_name")
 def _(ck: Ckpt) -> None:
     ck.add_tensor("block.0.attn.norm.scale", _zeros("BF16", (64,)))
 
@@ -765,37 +768,37 @@ def _retype(ck: Ckpt, key: str, dtype: str, shape: tuple[int, ...] | None = None
     ck.edit_shard(ck.shard_of(key), edit)
 
 
-@case("bias_stored_f32", "dtype_shape")
+@case("bias_stored_f32", "dtype_shape", code="dtype_shape.wrong_dtype")
 def _(ck: Ckpt) -> None:
     _retype(ck, GATE_UP_B, "F32")
 
 
-@case("expert_weight_e5m2", "dtype_shape")
+@case("expert_weight_e5m2", "dtype_shape", code="dtype_shape.wrong_dtype")
 def _(ck: Ckpt) -> None:
     _retype(ck, GATE_UP_W, "F8_E5M2")
 
 
-@case("expert_weight_unquantized_bf16", "dtype_shape")
+@case("expert_weight_unquantized_bf16", "dtype_shape", code="dtype_shape.wrong_dtype")
 def _(ck: Ckpt) -> None:
     _retype(ck, DOWN_W, "BF16")
 
 
-@case("gate_up_in_hf_orientation", "dtype_shape")
+@case("gate_up_in_hf_orientation", "dtype_shape", code="dtype_shape.wrong_shape")
 def _(ck: Ckpt) -> None:
     _retype(ck, GATE_UP_W, "F8_E4M3", (4, 128, 64))
 
 
-@case("scale_without_singleton_dim", "dtype_shape")
+@case("scale_without_singleton_dim", "dtype_shape", code="dtype_shape.wrong_shape")
 def _(ck: Ckpt) -> None:
     _retype(ck, GATE_UP_S, "F32", (4, 128))
 
 
-@case("scale_stored_bf16", "dtype_shape")
+@case("scale_stored_bf16", "dtype_shape", code="dtype_shape.wrong_dtype")
 def _(ck: Ckpt) -> None:
     _retype(ck, DOWN_S, "BF16")
 
 
-@case("norm_with_wrong_length", "dtype_shape")
+@case("norm_with_wrong_length", "dtype_shape", code="dtype_shape.wrong_shape")
 def _(ck: Ckpt) -> None:
     _retype(ck, "norm.weight", "BF16", (65,))
 
@@ -803,32 +806,32 @@ def _(ck: Ckpt) -> None:
 # ============================================================================ sidecar
 
 
-@case("missing_scale", "sidecar")
+@case("missing_scale", "sidecar", code="sidecar.missing_scale")
 def _(ck: Ckpt) -> None:
     ck.remove_tensor(GATE_UP_S)
 
 
-@case("orphan_scale_without_weight", "sidecar")
+@case("orphan_scale_without_weight", "sidecar", code="sidecar.orphan_scale")
 def _(ck: Ckpt) -> None:
     ck.remove_tensor(DOWN_W)
 
 
-@case("scale_moved_to_other_shard", "sidecar")
+@case("scale_moved_to_other_shard", "sidecar", code="sidecar.split_shard")
 def _(ck: Ckpt) -> None:
     ck.move_tensor(GATE_UP_S, SHARD2)
 
 
-@case("stray_weight_scale", "sidecar")
+@case("stray_weight_scale", "sidecar", code="sidecar.stray_scale")
 def _(ck: Ckpt) -> None:
     ck.add_tensor(f"layers.0.{fmt.GATE_UP}.weight_scale", _zeros("F32", (4, 1, 128)))
 
 
-@case("stray_input_scale", "sidecar")
+@case("stray_input_scale", "sidecar", code="sidecar.stray_scale")
 def _(ck: Ckpt) -> None:
     ck.add_tensor(f"layers.0.{fmt.DOWN}.input_scale", Tensor("F32", (1,), _f32(1.0)))
 
 
-@case("stray_attention_weight_scale", "sidecar")
+@case("stray_attention_weight_scale", "sidecar", code="sidecar.stray_scale")
 def _(ck: Ckpt) -> None:
     ck.add_tensor("layers.0.self_attn.q_proj.weight_scale", Tensor("F32", (1,), _f32(1.0)))
 
@@ -836,68 +839,68 @@ def _(ck: Ckpt) -> None:
 # ============================================================================ values
 
 
-@case("nan_scale", "values")
+@case("nan_scale", "values", code="values.bad_scale")
 def _(ck: Ckpt) -> None:
     ck.poke(GATE_UP_S, 4 * 7, struct.pack("<I", 0x7FC00000))
 
 
-@case("zero_scale", "values")
+@case("zero_scale", "values", code="values.bad_scale")
 def _(ck: Ckpt) -> None:
     ck.poke(DOWN_S, 0, _f32(0.0))
 
 
-@case("negative_scale", "values")
+@case("negative_scale", "values", code="values.bad_scale")
 def _(ck: Ckpt) -> None:
     ck.poke(DOWN_S, 4 * 3, _f32(-0.01))
 
 
-@case("negative_zero_scale", "values")
+@case("negative_zero_scale", "values", code="values.bad_scale")
 def _(ck: Ckpt) -> None:
     ck.poke(DOWN_S, 4 * 5, _f32(-0.0))
 
 
-@case("infinite_scale", "values")
+@case("infinite_scale", "values", code="values.bad_scale")
 def _(ck: Ckpt) -> None:
     ck.poke(GATE_UP_S, 4 * 100, _f32(float("inf")))
 
 
-@case("deep_fp8_nan_byte_0x7f", "values")
+@case("deep_fp8_nan_byte_0x7f", "values", code="values.fp8_out_of_range")
 def _(ck: Ckpt) -> Options:
     ck.poke(GATE_UP_W, 1234, b"\x7f")
     return {"deep": True}
 
 
-@case("deep_fp8_minus_256_byte_0xf8", "values")
+@case("deep_fp8_minus_256_byte_0xf8", "values", code="values.fp8_out_of_range")
 def _(ck: Ckpt) -> Options:
     ck.poke(DOWN_W, 4095, b"\xf8")
     return {"deep": True}
 
 
-@case("deep_nonzero_gate_padding_column", "values", base="padded")
+@case("deep_nonzero_gate_padding_column", "values", base="padded", code="values.nonzero_padding")
 def _(ck: Ckpt) -> Options:
     ck.poke(GATE_UP_W, 5 * 192 + 70, b"\x38")  # expert 0, row 5, gate column 70 (I=64, I'=96)
     return {"deep": True}
 
 
-@case("deep_nonzero_up_padding_column", "values", base="padded")
+@case("deep_nonzero_up_padding_column", "values", base="padded", code="values.nonzero_padding")
 def _(ck: Ckpt) -> Options:
     ck.poke(GATE_UP_W, 96 * 192 * 3 + 2 * 192 + 191, b"\x01")  # expert 3, row 2, last up column
     return {"deep": True}
 
 
-@case("deep_nonzero_gate_up_padding_row", "values", base="padded")
+@case("deep_nonzero_gate_up_padding_row", "values", base="padded", code="values.nonzero_padding")
 def _(ck: Ckpt) -> Options:
     ck.poke(GATE_UP_W, 80 * 192 + 3, b"\x30")  # row 80 >= H=64
     return {"deep": True}
 
 
-@case("deep_nonzero_down_padding_row", "values", base="padded")
+@case("deep_nonzero_down_padding_row", "values", base="padded", code="values.nonzero_padding")
 def _(ck: Ckpt) -> Options:
     ck.poke(DOWN_W, 96 * 96 + 70 * 96 + 1, b"\x30")  # expert 1, row 70 >= I=64
     return {"deep": True}
 
 
-@case("deep_nonzero_bf16_embedding_padding", "values", base="padded")
+@case("deep_nonzero_bf16_embedding_padding", "values", base="padded", code="values.nonzero_padding")
 def _(ck: Ckpt) -> Options:
     ck.poke("embed_tokens.weight", 2 * (3 * 96 + 90), struct.pack("<H", 0x3F80))  # row 3, column 90
     return {"deep": True}
@@ -906,82 +909,82 @@ def _(ck: Ckpt) -> Options:
 # ============================================================================ config
 
 
-@case("config_missing", "config")
+@case("config_missing", "config", code="config.missing")
 def _(ck: Ckpt) -> None:
     (ck.root / fmt.CONFIG_FILE).unlink()
 
 
-@case("config_not_json", "config")
+@case("config_not_json", "config", code="config.invalid_json")
 def _(ck: Ckpt) -> None:
     (ck.root / fmt.CONFIG_FILE).write_text('{"model_type": "gpt_oss",')
 
 
-@case("config_json_null", "config")
+@case("config_json_null", "config", code="config.not_an_object")
 def _(ck: Ckpt) -> None:
     (ck.root / fmt.CONFIG_FILE).write_text("null\n")
 
 
-@case("config_duplicate_key", "config")
+@case("config_duplicate_key", "config", code="config.duplicate_key")
 def _(ck: Ckpt) -> None:
     ck.replace_in(fmt.CONFIG_FILE, '"hidden_size": 64', '"hidden_size": 64, "hidden_size": 64')
 
 
-@case("config_wrong_model_type", "config")
+@case("config_wrong_model_type", "config", code="config.wrong_model_type")
 def _(ck: Ckpt) -> None:
     ck.edit_config(model_type="llama")
 
 
-@case("config_wrong_architecture", "config")
+@case("config_wrong_architecture", "config", code="config.wrong_architecture")
 def _(ck: Ckpt) -> None:
     ck.edit_config(architectures=["GptOssForCausalLM", "MistralForCausalLM"])
 
 
-@case("config_mxfp4_quantization", "config")
+@case("config_mxfp4_quantization", "config", code="config.mxfp4_quantization_config")
 def _(ck: Ckpt) -> None:
     ck.edit_config(quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]})
 
 
-@case("config_foreign_quantization", "config")
+@case("config_foreign_quantization", "config", code="config.foreign_quantization_config")
 def _(ck: Ckpt) -> None:
     ck.edit_config(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
 
 
-@case("custom_profile_without_opt_in", "config")
+@case("custom_profile_without_opt_in", "config", code="config.custom_profile_not_allowed")
 def _(ck: Ckpt) -> Options:
     return {"allow_custom_model": False}
 
 
-@case("profile_claims_gpt_oss_20b", "config")
+@case("profile_claims_gpt_oss_20b", "config", code="config.profile_mismatch")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(model_profile="gpt-oss-20b")
 
 
-@case("padded_size_not_multiple_of_32", "config")
+@case("padded_size_not_multiple_of_32", "config", code="config.padding_mismatch")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(padded_hidden_size=80)
 
 
-@case("padded_size_below_model_size", "config")
+@case("padded_size_below_model_size", "config", code="config.padding_mismatch")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(padded_intermediate_size=32)
 
 
-@case("config_hidden_size_disagrees_with_index", "config")
+@case("config_hidden_size_disagrees_with_index", "config", code="config.padding_mismatch")
 def _(ck: Ckpt) -> None:
     ck.edit_config(hidden_size=128)
 
 
-@case("config_claims_10_to_the_11_layers", "config")
+@case("config_claims_10_to_the_11_layers", "config", code="config.out_of_range")
 def _(ck: Ckpt) -> None:
     ck.edit_config(num_hidden_layers=10**11)
 
 
-@case("config_dimension_as_float", "config")
+@case("config_dimension_as_float", "config", code="config.bad_field")
 def _(ck: Ckpt) -> None:
     ck.edit_config(num_local_experts=4.0)
 
 
-@case("config_dimension_missing", "config")
+@case("config_dimension_missing", "config", code="config.bad_field")
 def _(ck: Ckpt) -> None:
     ck.replace_in(fmt.CONFIG_FILE, '"head_dim": 16,', "")
 
@@ -989,40 +992,40 @@ def _(ck: Ckpt) -> None:
 # ============================================================================ neuron_config
 
 
-def _neuron_case(name: str, code: str | None = None, **changes: Any) -> None:
+def _neuron_case(name: str, code: str, **changes: Any) -> None:
     config = {**GOOD_NEURON_CONFIG, **changes}
-    case(name, "neuron_config", code=code and f"neuron_config.{code}")(lambda ck: {"neuron_config": config})
+    case(name, "neuron_config", code=f"neuron_config.{code}")(lambda ck: {"neuron_config": config})
 
 
-_neuron_case("nc_not_quantized", quantized=False)
-_neuron_case("nc_quantization_dtype_int8", quantization_dtype="int8")
-_neuron_case("nc_per_channel_not_expert_wise", quantization_type="per_channel_symmetric")
-_neuron_case("nc_padded_intermediate_differs", padded_intermediate_size=96)
-_neuron_case("nc_mxfp4_compute_on", is_mxfp4_compute=True)
-_neuron_case("nc_attention_not_excluded", modules_to_not_convert=["lm_head"])
-_neuron_case("nc_lm_head_not_excluded", modules_to_not_convert=["self_attn"])
-_neuron_case("nc_experts_excluded", modules_to_not_convert=["self_attn", "lm_head", "mlp_op"])
-_neuron_case("nc_tp_does_not_divide_intermediate", tp_degree=3)
-_neuron_case("nc_ep_does_not_divide_experts", moe_ep_degree=3, moe_tp_degree=1)
-_neuron_case("nc_tp_degree_zero", tp_degree=0)
+_neuron_case("nc_not_quantized", "not_quantized", quantized=False)
+_neuron_case("nc_quantization_dtype_int8", "wrong_quantization_dtype", quantization_dtype="int8")
+_neuron_case("nc_per_channel_not_expert_wise", "wrong_quantization_type", quantization_type="per_channel_symmetric")
+_neuron_case("nc_padded_intermediate_differs", "padding_mismatch", padded_intermediate_size=96)
+_neuron_case("nc_mxfp4_compute_on", "mxfp4_compute", is_mxfp4_compute=True)
+_neuron_case("nc_attention_not_excluded", "attention_not_excluded", modules_to_not_convert=["lm_head"])
+_neuron_case("nc_lm_head_not_excluded", "lm_head_not_excluded", modules_to_not_convert=["self_attn"])
+_neuron_case("nc_experts_excluded", "experts_excluded", modules_to_not_convert=["self_attn", "lm_head", "mlp_op"])
+_neuron_case("nc_tp_does_not_divide_intermediate", "expert_tp_indivisible", tp_degree=3)
+_neuron_case("nc_ep_does_not_divide_experts", "expert_ep_indivisible", moe_ep_degree=3, moe_tp_degree=1)
+_neuron_case("nc_tp_degree_zero", "bad_degree", tp_degree=0)
 
 
 # ============================================================================ integrity
 
 
-@case("digest_mismatch_flipped_data_byte", "integrity", sync=False)
+@case("digest_mismatch_flipped_data_byte", "integrity", sync=False, code="integrity.digest_mismatch")
 def _(ck: Ckpt) -> Options:
     ck.poke("lm_head.weight", 100, b"\x42\x42")
     return {"verify_checksums": True}
 
 
-@case("same_layout_shard_from_other_seed", "integrity", sync=False)
+@case("same_layout_shard_from_other_seed", "integrity", sync=False, code="integrity.digest_mismatch")
 def _(ck: Ckpt) -> Options:
     shutil.copy(ck.bases.other_seed / SHARD2, ck.root / SHARD2)
     return {"verify_checksums": True}
 
 
-@case("verify_requested_without_digests", "integrity")
+@case("verify_requested_without_digests", "integrity", code="integrity.no_digests")
 def _(ck: Ckpt) -> Options:
     ck.edit_index(lambda doc: doc["metadata"].pop("shard_sha256"))
     return {"verify_checksums": True}

@@ -19,13 +19,15 @@ from corpus import CASES, Bases, Options, corpus
 from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.checks import preflight
-from nxdi_gptoss_fp8.findings import CHECKS
+from nxdi_gptoss_fp8.findings import CHECKS, Severity
 
 REPO = Path(__file__).resolve().parent.parent
 ERROR_CASES = [entry for entry in CASES if not entry.warning]
 IDS = [entry.name for entry in ERROR_CASES]
 PARAMS = [(entry.name, entry.check) for entry in ERROR_CASES]
 CODES = {entry.name: entry.code for entry in CASES}
+# every error code of the case's own check it may draw: its code, and the ones its defect implies
+CHECK_CODES = {entry.name: {entry.code, *entry.also} for entry in CASES}
 WARNING_CASES = [entry for entry in CASES if entry.warning]
 HAS_LOADER = importlib.util.find_spec("nxdi_gptoss_fp8.loader") is not None
 
@@ -60,6 +62,7 @@ def test_corpus_is_large_named_and_covers_every_check() -> None:
     assert len(CASES) >= 50
     assert len({entry.name for entry in CASES}) == len(CASES)
     assert {entry.check for entry in CASES} == set(CHECKS)
+    assert all(entry.code.startswith(entry.check + ".") for entry in CASES)
 
 
 @pytest.mark.parametrize("base", ["tiny", "padded", "other_plan", "other_seed"])
@@ -74,9 +77,8 @@ def test_preflight_reports_the_expected_check(built: Callable[[str], tuple[Path,
     path, options = built(name)
     report = preflight(path, **options)
     assert not report.ok
-    assert check in {f.check for f in report.errors}, report.render_text()
-    if CODES[name]:
-        assert CODES[name] in {f.code for f in report.errors}, report.render_text()
+    assert CODES[name] in {f.code for f in report.errors}, report.render_text()
+    assert {f.code for f in report.errors if f.check == check} == CHECK_CODES[name], report.render_text()
     report.render_text()
     json.loads(report.to_json())
 
@@ -88,6 +90,7 @@ def test_warning_cases_warn_with_their_code(built: Callable[[str], tuple[Path, O
     report = preflight(path, **options)
     assert report.ok, report.render_text()
     assert CODES[name] in {f.code for f in report.warnings}, report.render_text()
+    assert all(f.severity is Severity.WARNING for f in report.findings if f.code == CODES[name])
 
 
 def cli_argv(path: Path, options: Options, workdir: Path) -> list[str]:
@@ -121,7 +124,7 @@ def test_cli_exits_1_without_traceback(built: Callable[[str], tuple[Path, Option
         assert code == cli.EXIT_USAGE and out == "" and len(err.strip().splitlines()) == 1
     else:
         assert code == cli.EXIT_FINDINGS
-        assert f"ERROR {CODES[name] or check + '.'}" in out
+        assert f"ERROR {CODES[name]}" in out
 
 
 # One case per kind of input the command line prints (and the names from disk that are not
@@ -166,4 +169,4 @@ def test_loader_refuses_before_mapping_any_tensor(built: Callable[[str], tuple[P
     with pytest.raises(PreflightError) as caught:
         loader.load_state_dict(path, options.get("neuron_config"), report=report,
                                allow_custom_model=options["allow_custom_model"])
-    assert check in {f.check for f in caught.value.report.errors}
+    assert CODES[name] in {f.code for f in caught.value.report.errors}
