@@ -30,6 +30,8 @@ except ImportError:  # the validator itself needs only the standard library
 
 from . import format as fmt
 from .deps import missing
+from .errors import NotRegularFileError
+from .files import open_regular
 from .findings import PreflightReport, Severity
 from .progress import Progress
 from .units import format_bytes, format_duration, plural
@@ -254,7 +256,7 @@ def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int
         for shard in sorted({t.shard for t in targets}):
             shard_targets = sorted((t for t in targets if t.shard == shard), key=lambda t: t.offset)
             try:
-                with open(shard_targets[0].path, "rb", buffering=0) as handle:
+                with open_regular(shard_targets[0].path, buffering=0) as handle:
                     for target in shard_targets:
                         try:
                             result = scan_tensor(target, handle, buffer, chunk_bytes=chunk_bytes,
@@ -265,6 +267,8 @@ def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int
                             continue
                         scanned += target.nbytes
                         _report(report, target, result)
+            except NotRegularFileError as exc:  # replaced since its header was read: refused, never blocked on
+                report.add("filesystem", "not_a_file", f"{exc}: a shard must be a plain file (refused before it was opened for reading)", file=shard)
             except OSError as exc:
                 report.add("filesystem", "unreadable", f"cannot read {shard}: {exc.strerror or exc}", file=shard)
     finally:

@@ -2,9 +2,11 @@
 
 Every command reads files a user (or an attacker) chose: a FIFO would block ``open()`` forever,
 a device could stream without end, a directory cannot be read. ``open_regular`` opens with
-``O_NONBLOCK`` (so opening a FIFO returns at once instead of waiting for a writer), checks with
-``fstat`` that the opened object is a regular file — race-free, it is the object that will be
-read — and refuses anything else with ``NotRegularFileError`` before a byte is read.
+``O_NONBLOCK`` (so opening a FIFO returns at once instead of waiting for a writer) only a path
+that ``stat`` says is a regular file — a FIFO, socket, device or directory is refused before it
+is opened — and checks again with ``fstat`` that the opened object is a regular file (race-free:
+it is the object that will be read), refusing anything else with ``NotRegularFileError`` before a
+byte is read.
 """
 
 from __future__ import annotations
@@ -51,9 +53,14 @@ def open_regular(path: str | os.PathLike[str], *, buffering: int = -1) -> Binary
     """Open ``path`` for binary reading if, and only if, it is a regular file.
 
     Never blocks: a FIFO, socket, device or directory raises ``NotRegularFileError`` (naming
-    what it is) before anything is read. ``OSError`` for a missing or unreadable path.
+    what it is) before it is opened (and rechecked on the opened file). ``OSError`` for a missing or unreadable path.
     ``buffering`` as for ``open`` (0: unbuffered, for ``readinto`` loops).
     """
+    # refused BEFORE it is opened: opening a device can act (rewind a tape, arm a watchdog) and
+    # opening a FIFO wakes its writer; the fstat below still catches a swap after this stat
+    reason = _reason_or_none(path)
+    if reason:
+        raise NotRegularFileError(reason)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)

@@ -47,6 +47,20 @@ CHECKS = (
 )
 
 
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal acts on or hides escaped (``\\x1b``, ``\\r``,
+    ``\\u202e``...): names come from the checkpoint, and a shard or tensor name holding a carriage
+    return, an ANSI escape or a line break must not forge, recolour or hide a line of the verdict."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escape(char) for char in text)
+
+
 @dataclass(frozen=True)
 class Finding:
     """One problem (or note): ``code`` is stable (``check.reason``), ``message`` is for people."""
@@ -72,7 +86,7 @@ class Finding:
     def render(self) -> str:
         where = ":".join(part for part in (self.file, self.key) if part)
         location = f" [{where}]" if where else ""
-        return f"{self.severity.value.upper()} {self.code}{location}: {self.message}"
+        return printable(f"{self.severity.value.upper()} {self.code}{location}: {self.message}")
 
 
 # Findings stored per code; beyond it they are only counted (``PreflightReport.omitted``), so
@@ -235,7 +249,7 @@ class PreflightReport:
             f"{plural(self.shards, 'shard')}, {plural(self.tensors, 'tensor')}, profile {self.profile or 'unknown'}; "
             f"read {plural(self.bytes_read, 'byte')} in {format_duration(self.elapsed_s)}"
         )
-        return "\n".join(shown)
+        return "\n".join(map(printable, shown))
 
     def raise_if_failed(self) -> PreflightReport:
         """Raise ``PreflightError`` listing every finding when the run found errors.

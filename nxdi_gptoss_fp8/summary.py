@@ -11,7 +11,7 @@ from typing import Any
 
 from . import recognize as rz
 from .checks import CheckpointView, preflight
-from .findings import PreflightReport
+from .findings import PreflightReport, printable
 from .units import format_bytes
 
 INSPECT_FINDINGS_LIMIT = 10
@@ -65,9 +65,9 @@ class CheckpointSummary:
             lines.append(f"  {dtype:<8} {self.tensors_by_dtype[dtype]:>6} tensors {_human(size):>11}")
         lines.append(f"verdict     {'VALID' if self.report.ok else 'INVALID'}")
         if not self.report.ok:
-            lines.append(self.report.render_text(limit=INSPECT_FINDINGS_LIMIT))
+            lines.extend(self.report.render_text(limit=INSPECT_FINDINGS_LIMIT).split("\n"))
             lines.append(f"run `nxdi-gptoss-fp8 validate {self.report.path}` for every finding and its fix")
-        return "\n".join(lines)
+        return "\n".join(map(printable, lines))
 
 
 def _human(size: int) -> str:

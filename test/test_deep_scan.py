@@ -3,7 +3,6 @@ and first coordinates; every FP8 byte read exactly once; chunking never changes 
 
 from __future__ import annotations
 
-import builtins
 import shutil
 import struct
 from pathlib import Path
@@ -16,6 +15,7 @@ from nxdi_gptoss_fp8 import deep_scan as ds
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.errors import MissingDependencyError
+from nxdi_gptoss_fp8.files import open_regular
 from nxdi_gptoss_fp8.findings import PreflightReport, Severity
 from nxdi_gptoss_fp8.safetensors_header import read_header
 
@@ -75,8 +75,8 @@ def test_each_byte_is_read_exactly_once(request: pytest.FixtureRequest, monkeypa
     reads: list[tuple[str, int, int]] = []
 
     class Recorder:
-        def __init__(self, handle: Any) -> None:
-            self.handle = handle
+        def __init__(self, handle: Any, path: str) -> None:
+            self.handle, self.path = handle, path
 
         def __enter__(self) -> Recorder:
             return self
@@ -90,13 +90,13 @@ def test_each_byte_is_read_exactly_once(request: pytest.FixtureRequest, monkeypa
         def readinto(self, buffer: Any) -> int:
             start = self.handle.tell()
             got = self.handle.readinto(buffer)
-            reads.append((self.handle.name, start, start + got))
+            reads.append((self.path, start, start + got))
             return got
 
-    def recording_open(*args: Any, **kwargs: Any) -> Recorder:
-        return Recorder(builtins.open(*args, **kwargs))  # closed by Recorder.__exit__
+    def recording_open(path: str, **kwargs: Any) -> Recorder:
+        return Recorder(open_regular(path, **kwargs), path)  # closed by Recorder.__exit__
 
-    monkeypatch.setattr(ds, "open", recording_open, raising=False)
+    monkeypatch.setattr(ds, "open_regular", recording_open)
     report = preflight(ckpt, allow_custom_model=True)
     ds.deep_scan(report.view, report, chunk_bytes=chunk_bytes)
     expected = sorted(
