@@ -1235,6 +1235,219 @@ def _(ck: Ckpt) -> Options:
     return {"neuron_config": {**GOOD_NEURON_CONFIG, "tp_degre": 4}}
 
 
+# ============================================================================ from the format document alone
+
+
+@case("index_duplicate_key_inside_source", "index", code="index.duplicate_key", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.INDEX_FILE, '"seed": 0', '"seed": 0, "seed": 1')
+
+
+@case("index_duplicate_key_inside_shard_sha256", "index", code="index.duplicate_key", sync=False)
+def _(ck: Ckpt) -> None:
+    digests = ck.index["metadata"]["shard_sha256"]
+    ck.replace_in(fmt.INDEX_FILE, '"shard_sha256": {', f'"shard_sha256": {{"{SHARD1}": "{digests[SHARD1]}",')
+
+
+@case("index_weight_map_value_null", "index", code="index.bad_weight_map_entry")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": None}))
+
+
+@case("index_weight_map_value_list", "index", code="index.bad_weight_map_entry")
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight": [SHARD1]}))
+
+
+@case("index_weight_map_key_trailing_space", "ownership", code="ownership.unlisted_key", also=("ownership.key_not_in_shard",))
+def _(ck: Ckpt) -> None:
+    ck.edit_index(lambda doc: doc["weight_map"].update({"norm.weight ": doc["weight_map"].pop("norm.weight")}))
+
+
+@case("index_format_version_1_point_0", "index", code="index.wrong_metadata_type", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.INDEX_FILE, '"format_version": 1,', '"format_version": 1.0,')
+
+
+@case("index_fp8_max_as_string", "index", code="index.wrong_metadata_type", also=("index.wrong_metadata_value",))
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(fp8_max="240")
+
+
+@case("index_total_size_as_float", "index", code="index.wrong_metadata_type", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.sync()
+    total = ck.index["metadata"]["total_size"]
+    ck.replace_in(fmt.INDEX_FILE, f'"total_size": {total}', f'"total_size": {total}.0')
+
+
+@case("index_total_size_as_bool", "index", code="index.wrong_metadata_type", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(total_size=True)
+
+
+@case("index_with_utf8_bom", "index", code="index.invalid_json", sync=False)
+def _(ck: Ckpt) -> None:
+    ck.sync()
+    path = ck.root / fmt.INDEX_FILE
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+
+
+@case("config_with_utf8_bom", "config", code="config.invalid_json")
+def _(ck: Ckpt) -> None:
+    path = ck.root / fmt.CONFIG_FILE
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+
+
+@case("config_model_type_upper_case", "config", code="config.wrong_model_type")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(model_type="GPT_OSS")
+
+
+@case("config_unknown_quant_method", "config", code="config.foreign_quantization_config")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(quantization_config={"quant_method": "awq", "bits": 4})
+
+
+@case("config_duplicate_key_inside_rope_scaling", "config", code="config.duplicate_key")
+def _(ck: Ckpt) -> None:
+    ck.replace_in(fmt.CONFIG_FILE, '"factor": 32.0', '"factor": 32.0, "factor": 1.0')
+
+
+@case("config_experts_per_token_without_num_experts_per_tok", "config", code="config.alias_only")
+def _(ck: Ckpt) -> None:
+    config = ck.load(fmt.CONFIG_FILE)
+    config.pop("num_experts_per_tok")  # transformers then gives NxDI its default top-k, not this one
+    ck.save(fmt.CONFIG_FILE, config)
+
+
+@case("config_num_experts_disagrees_with_num_local_experts", "config", code="config.alias_mismatch")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(num_experts=8)
+
+
+@case("config_dangling_link", "config", code="config.missing")
+def _(ck: Ckpt) -> None:
+    (ck.root / fmt.CONFIG_FILE).unlink()
+    (ck.root / fmt.CONFIG_FILE).symlink_to("nowhere.json")
+
+
+@case("header_duplicate_key_inside_metadata", "header", code="header.duplicate_key")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("norm.weight")
+    text, data = ck.raw_header(shard)
+    ck.write_raw(shard, b'{"__metadata__":{"format":"pt","format":"pt"},' + text.strip()[1:], data)
+
+
+@case("header_duplicate_name_through_escape", "header", code="header.duplicate_key")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("norm.weight")
+    text, data = ck.raw_header(shard)
+    entry = b'"norm.weigh\\u0074":{"dtype":"BF16","shape":[0],"data_offsets":[0,0]},'
+    ck.write_raw(shard, b"{" + entry + text.strip()[1:], data)
+
+
+@case("header_bytes_after_the_json", "header", code="header.invalid_json")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("norm.weight")
+    text, data = ck.raw_header(shard)
+    ck.write_raw(shard, text.rstrip() + b"{}", data)
+
+
+@case("header_metadata_null", "header", code="header.bad_metadata")
+def _(ck: Ckpt) -> None:
+    ck.edit_header_json(ck.shard_of("norm.weight"), lambda doc: doc.update({"__metadata__": None}))
+
+
+@case("header_zero_length_tensor_inside_another", "header", code="header.offsets_overlap")
+def _(ck: Ckpt) -> None:
+    def edit(doc: dict[str, Any]) -> None:
+        begin = doc["norm.weight"]["data_offsets"][0]
+        doc["zero"] = {"dtype": "BF16", "shape": [0], "data_offsets": [begin + 2, begin + 2]}
+    ck.edit_header_json(ck.shard_of("norm.weight"), edit)
+
+
+@case("header_empty_tensor_set_up_to_eof", "ownership", code="ownership.key_not_in_shard")
+def _(ck: Ckpt) -> None:
+    ck.write_raw(ck.shard_of("norm.weight"), b"{}", b"")
+
+
+@case("shard_name_differs_only_in_case", "ownership", code="ownership.missing_shard")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("norm.weight")
+    ck.edit_index(lambda doc: doc["weight_map"].update(
+        {k: shard.replace("model", "Model") for k, v in doc["weight_map"].items() if v == shard}))
+
+
+@case("shard_is_a_link_to_another_listed_shard", "collision", code="collision.duplicate_tensor")
+def _(ck: Ckpt) -> None:
+    (ck.root / SHARD2).unlink()
+    (ck.root / SHARD2).symlink_to(SHARD1)
+
+
+@case("shard_is_a_link_into_a_subdirectory", "filesystem", code="filesystem.link_outside")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("norm.weight")
+    (ck.root / "sub").mkdir()
+    (ck.root / shard).rename(ck.root / "sub" / "data")
+    (ck.root / shard).symlink_to("sub/data")
+
+
+@case("shard_is_a_link_to_dev_zero", "filesystem", code="filesystem.link_outside")
+def _(ck: Ckpt) -> None:
+    shard = ck.shard_of("norm.weight")
+    (ck.root / shard).unlink()
+    (ck.root / shard).symlink_to("/dev/zero")
+
+
+@case("stray_weight_file_name_with_terminal_escapes", "filesystem", code="filesystem.stray_weight_file")
+def _(ck: Ckpt) -> None:
+    (ck.root / "\x1b[2J\rVALID.safetensors").write_bytes(b"\x00" * 8)
+
+
+@case("tensor_name_with_terminal_escapes", "namespace", code="namespace.unexpected_key")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor("\x1b[2Jx\rVALID: 0 errors\n", Tensor("BF16", (1,), b"\x00\x00"))
+
+
+@case("padded_scale_channel_nan", "values", code="values.bad_scale", base="padded")
+def _(ck: Ckpt) -> None:
+    ck.poke(GATE_UP_S, 4 * 70, struct.pack("<I", 0x7FC00000))  # gate column 70 >= I=64
+
+
+@case("deep_fp8_nan_in_padding", "values", code="values.fp8_out_of_range", also=("values.nonzero_padding",), base="padded")
+def _(ck: Ckpt) -> Options:
+    ck.poke(GATE_UP_W, 5 * 192 + 70, b"\x7f")
+    return {"deep": True}
+
+
+@case("deep_fp8_negative_nan_0xff", "values", code="values.fp8_out_of_range")
+def _(ck: Ckpt) -> Options:
+    ck.poke(DOWN_W, 77, b"\xff")
+    return {"deep": True}
+
+
+def _padding_case(name: str, key: str, position: int) -> None:
+    @case(name, "values", code="values.nonzero_padding", base="padded")
+    def _(ck: Ckpt) -> Options:
+        ck.poke(key, position, struct.pack("<H", 0x3F80))  # bf16 1.0 in a padded row or column
+        return {"deep": True}
+
+
+_padding_case("deep_nonzero_gate_up_bias_padding", GATE_UP_B, 2 * 70)
+_padding_case("deep_nonzero_q_proj_padding_column", "layers.0.self_attn.q_proj.weight", 2 * 70)
+_padding_case("deep_nonzero_o_proj_bias_padding", "layers.0.self_attn.o_proj.bias", 2 * 70)
+_padding_case("deep_nonzero_router_padding_column", "layers.0.feed_forward.moe.router.linear_router.weight", 2 * 70)
+_padding_case("deep_nonzero_norm_padding", "norm.weight", 2 * 70)
+_neuron_case("nc_modules_to_not_convert_as_string", "bad_modules_to_not_convert", modules_to_not_convert="self_attn,lm_head")
+_neuron_case("nc_tp_degree_as_string", "bad_degree", tp_degree="2")
+
+
+@case("nc_quantization_type_absent", "neuron_config", code="neuron_config.wrong_quantization_type")
+def _(ck: Ckpt) -> Options:
+    return {"neuron_config": {k: v for k, v in GOOD_NEURON_CONFIG.items() if k != "quantization_type"}}
+
+
 # ============================================================================ command line
 
 

@@ -440,3 +440,37 @@ _SPECIAL_BITS = [0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFF
 def test_scale_stats_matches_the_per_value_definition(bits: list[int]) -> None:
     stats = scale_stats(struct.pack(f"<{len(bits)}I", *bits))
     assert (stats.bad, stats.negative, stats.zero, stats.non_finite, stats.subnormal, stats.first_bad) == _reference_stats(bits)
+
+
+def test_preflight_never_writes(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/format.md, Bounds and trust: nothing is opened for writing, nothing in the directory changes."""
+    import builtins
+
+    from nxdi_gptoss_fp8 import cli
+
+    before = {path: path.stat().st_mtime_ns for path in tiny_checkpoint.rglob("*")}
+    writes: list[str] = []
+    real_os_open, real_open = os.open, builtins.open
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+    def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & write_flags:
+            writes.append(os.fspath(path))
+        return real_os_open(path, flags, *args, **kwargs)
+
+    def plain_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if set(mode) & set("wax+"):
+            writes.append(str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(builtins, "open", plain_open)
+    report = preflight(tiny_checkpoint, allow_custom_model=True, deep=True, verify_checksums=True,
+                       neuron_config={"quantized": True, "quantization_dtype": fmt.QUANTIZATION_DTYPE,
+                                      "quantization_type": fmt.QUANTIZATION_TYPE, "modules_to_not_convert": ["self_attn", "lm_head"]})
+    assert report.ok, report.render_text()
+    assert cli.main(["validate", str(tiny_checkpoint), "--allow-custom-model", "--deep", "--verify-checksums"]) == 0
+    assert cli.main(["inspect", str(tiny_checkpoint), "--allow-custom-model"]) == 0
+    monkeypatch.undo()
+    assert writes == []
+    assert {path: path.stat().st_mtime_ns for path in tiny_checkpoint.rglob("*")} == before

@@ -125,6 +125,7 @@ def test_cli_exits_1_without_traceback(built: Callable[[str], tuple[Path, Option
     else:
         assert code == cli.EXIT_FINDINGS
         assert f"ERROR {CODES[name]}" in out
+        assert all(line.isprintable() for line in out.split("\n")), "a name from disk reached the terminal unescaped"
 
 
 # One case per kind of input the command line prints (and the names from disk that are not

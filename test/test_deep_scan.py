@@ -257,3 +257,14 @@ def test_without_numpy_the_deep_scan_is_an_environment_error(tiny_template: Path
     report = preflight(tiny_template, allow_custom_model=True)
     with pytest.raises(MissingDependencyError):
         ds.deep_scan(report.view, report)
+
+
+def test_a_shard_swapped_for_a_fifo_before_the_scan_is_refused_not_blocked_on(tiny_checkpoint: Path) -> None:
+    import os
+
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    shard = report.view.weight_map[GATE_UP_W]
+    (tiny_checkpoint / shard).unlink()
+    os.mkfifo(tiny_checkpoint / shard)
+    ds.deep_scan(report.view, report)
+    assert "filesystem.not_a_file" in codes(report)

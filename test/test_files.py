@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,3 +63,28 @@ def test_missing_path_is_an_os_error(tmp_path: Path) -> None:
         open_regular(tmp_path / "absent")
     with pytest.raises(FileNotFoundError):
         not_regular_reason(tmp_path / "absent")
+
+
+@pytest.mark.parametrize("make", [_fifo, _socket, _directory, lambda tmp: Path("/dev/null")])
+def test_non_regular_files_are_refused_before_they_are_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make) -> None:
+    """Opening a device can act on it and opening a FIFO wakes its writer: stat first, never open."""
+    path = make(tmp_path)
+    opened: list[str] = []
+    real_open = os.open
+
+    def spy(target: Any, flags: int, *args: Any) -> int:
+        opened.append(os.fspath(target))
+        return real_open(target, flags, *args)
+
+    monkeypatch.setattr(os, "open", spy)
+    with pytest.raises(NotRegularFileError):
+        open_regular(path)
+    assert opened == []
+
+
+def test_a_swap_after_the_stat_is_caught_on_the_opened_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nxdi_gptoss_fp8 import files
+
+    monkeypatch.setattr(files, "_reason_or_none", lambda path: None)  # as if it was a file when stat looked
+    with pytest.raises(NotRegularFileError, match="FIFO"):
+        open_regular(_fifo(tmp_path))

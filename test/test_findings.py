@@ -67,3 +67,13 @@ def test_warnings_and_durations_read_right() -> None:
     report.add("integrity", "no_digests", "no digests", severity=Severity.WARNING)
     assert report.render_text().splitlines()[-1] == (
         "VALID: /ckpt: 0 errors, 1 warning; 0 shards, 0 tensors, profile unknown; read 1 byte in 1.50 s")
+
+
+@pytest.mark.parametrize("name", ["x\rVALID", "\x1b[2J\x1b[31mred", "a\nVALID: fine", "evil\u202egnp.safetensors", "bad\udcffname"])
+def test_names_from_disk_cannot_forge_or_hide_output_lines(name: str) -> None:
+    report = PreflightReport(path=f"/ckpt/{name}")
+    report.add("namespace", "unexpected_key", f"{name} is not part of the format", file=f"{name}.safetensors", key=name)
+    text = report.render_text()
+    assert len(text.split("\n")) == 2
+    assert all(line.isprintable() for line in text.split("\n"))
+    assert "\\x" in text or "\\u" in text

@@ -74,6 +74,9 @@ def test_objects_are_not_searched_for_unknown_keys() -> None:
     ({"original_intermediate_size": 10**4299}, {"original_size_mismatch"}),
     ({"num_local_experts": 8}, {"nxdi_config_mismatch"}),
     ({"hidden_size": 96, "original_hidden_size": 64}, set()),  # NxDI: H' in hidden_size, H in original
+    ({"experts_per_token": 3}, {"alias_mismatch"}),
+    ({"num_experts": 8}, {"alias_mismatch"}),
+    ({"num_experts": 4.0}, {"alias_mismatch"}),
 ])
 def test_model_config_rules(change: dict[str, Any], reasons: set[str]) -> None:
     config = {**fmt.hf_config(TINY_DIMS), **change}
@@ -82,6 +85,19 @@ def test_model_config_rules(change: dict[str, Any], reasons: set[str]) -> None:
         assert {p.reason for p in problems} == reasons
         for problem in problems:
             assert len(problem.message) < 400
+
+
+@pytest.mark.parametrize(("canonical", "alias"), [("num_experts_per_tok", "experts_per_token"), ("num_local_experts", "num_experts")])
+def test_an_alias_alone_is_refused(canonical: str, alias: str) -> None:
+    """transformers' GptOssConfig ignores the alias and NxDI would use its default instead."""
+    config = {**fmt.hf_config(TINY_DIMS), alias: getattr(TINY_DIMS, canonical)}
+    config.pop(canonical)
+    problems = model_config_problems(config, TINY_DIMS, check="config", what="x", compare_dims=False)
+    assert {p.reason for p in problems} == {"alias_only"} and problems[0].key == canonical
+
+
+def test_the_load_options_are_known_neuron_config_keys() -> None:
+    assert unknown_key_problems({**GOOD, fmt.VERIFY_AT_LOAD_ATTR: True, fmt.LOAD_MODE_ATTR: "private"}) == []
 
 
 def test_model_part_of_a_nested_file() -> None:
