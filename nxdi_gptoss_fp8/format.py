@@ -327,7 +327,7 @@ def foreign_name(key: str) -> tuple[str, str] | None:
 
 # Every name derived_reason, foreign_name or is_stray_scale can say something about contains
 # one of these (a superset test, exact tests follow per candidate).
-_HINT_CANDIDATE = re.compile(r"rank_util|sink|lm_head|Wqkv|unpadded|model\.|_blocks|_scales|\.mlp\.|block\.|embedding|norm|scale")
+_HINT_CANDIDATE = re.compile(r"rank_util|sink|lm_head|Wqkv|unpadded|model\.|_blocks|_scales|\.mlp\.|block\.|embedding|norm|(?i:scale)")
 
 
 def hinted_names(keys: set[str]) -> set[str]:
@@ -350,8 +350,9 @@ def hinted_names(keys: set[str]) -> set[str]:
 
 
 def is_stray_scale(key: str) -> bool:
-    """A ``*scale*`` tensor that is not one of the two expert ``.scale`` sidecars of a layer."""
-    return "scale" in key.rsplit(".", 1)[-1] and not is_expert_scale(key)
+    """A ``*scale*`` tensor (anywhere in the name, any case: ``.SCALE``, ``.scale.weight``) that is
+    not one of the two expert ``.scale`` sidecars of a layer."""
+    return "scale" in key.lower() and not is_expert_scale(key)
 
 
 # Index metadata (docs/format.md, Index metadata): field → required type. Optional fields are listed separately.

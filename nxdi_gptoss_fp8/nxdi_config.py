@@ -189,6 +189,9 @@ def unknown_key_problems(nc: Mapping[str, Any]) -> list[Problem]:
     for key in list(nc)[:10_000]:
         if key in KNOWN_NEURON_CONFIG_KEYS:
             continue
+        if not isinstance(key, str):  # only a mapping built in Python can hold one (NxDI refuses it)
+            problems.append(Problem("neuron_config", "unknown_key", f"key {describe(key)} is not an attribute name", describe(key), warning=True))
+            continue
         shown = key[:80]
         nearest = difflib.get_close_matches(key[:200], KNOWN_NEURON_CONFIG_KEYS, n=1, cutoff=0.6)
         hint = f": did you mean {nearest[0]!r}?" if nearest else ""

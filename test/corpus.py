@@ -1405,6 +1405,11 @@ def _(ck: Ckpt) -> None:
     (ck.root / "\x1b[2J\rVALID.safetensors").write_bytes(b"\x00" * 8)
 
 
+@case("stray_scale_in_upper_case", "sidecar", code="sidecar.stray_scale")
+def _(ck: Ckpt) -> None:
+    ck.add_tensor(f"layers.0.{fmt.GATE_UP}.SCALE", _zeros("F32", (4, 1, 128)))
+
+
 @case("tensor_name_with_terminal_escapes", "namespace", code="namespace.unexpected_key")
 def _(ck: Ckpt) -> None:
     ck.add_tensor("\x1b[2Jx\rVALID: 0 errors\n", Tensor("BF16", (1,), b"\x00\x00"))

@@ -102,3 +102,5 @@ def test_sidecar_key_helpers() -> None:
     assert fmt.is_expert_scale(f"layers.1.{fmt.DOWN}.scale") and not fmt.is_expert_scale(weight)
     assert fmt.is_stray_scale("layers.0.self_attn.q_proj.weight_scale")
     assert not fmt.is_stray_scale(f"layers.1.{fmt.DOWN}.scale")
+    assert fmt.is_stray_scale(f"layers.1.{fmt.DOWN}.SCALE")
+    assert fmt.is_stray_scale("layers.0.self_attn.q_proj.scale.weight")

@@ -62,6 +62,11 @@ def test_unknown_keys_warn_with_the_nearest_known_name(key: str, nearest: str | 
     assert (f"did you mean {nearest!r}" in problem.message) if nearest else ("did you mean" not in problem.message)
 
 
+def test_a_key_that_is_not_a_string_is_reported_not_raised() -> None:
+    (problem,) = unknown_key_problems({**GOOD, 1: 2})
+    assert problem.warning and problem.reason == "unknown_key" and problem.key == "1"
+
+
 def test_objects_are_not_searched_for_unknown_keys() -> None:
     assert _reasons(SimpleNamespace(**GOOD, tp_degre=2)) == set()
 
