@@ -1379,6 +1379,14 @@ def _(ck: Ckpt) -> None:
         {k: shard.replace("model", "Model") for k, v in doc["weight_map"].items() if v == shard}))
 
 
+@case("shard_name_in_another_unicode_normalization", "ownership", code="ownership.missing_shard")
+def _(ck: Ckpt) -> None:
+    shard, composed = ck.shard_of("norm.weight"), "mod\u00e8l.safetensors"  # è as one code point (NFC)
+    (ck.root / shard).rename(ck.root / composed)
+    decomposed = "mode\u0300l.safetensors"  # the same name in NFD: another file name on POSIX
+    ck.edit_index(lambda doc: doc["weight_map"].update({k: decomposed for k, v in doc["weight_map"].items() if v == shard}))
+
+
 @case("shard_is_a_link_to_another_listed_shard", "collision", code="collision.duplicate_tensor")
 def _(ck: Ckpt) -> None:
     (ck.root / SHARD2).unlink()
