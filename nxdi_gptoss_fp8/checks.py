@@ -846,8 +846,8 @@ def _scales_trusted(view: CheckpointView, report: PreflightReport) -> bool:
     """
     blocked = sorted({f.check for f in report.errors if f.check in _SCALE_BLOCKERS})
     if view.layout is None or view.broken_shards or blocked:
-        reason = f"the {', '.join(blocked)} errors above" if blocked else "the config and index give no usable layout"
-        report.add("values", "not_checked", f"scale values were not read because of {reason}: fix those first", severity=Severity.INFO)
+        reason = f"of the {', '.join(blocked)} errors above" if blocked else "the config and index give no usable layout"
+        report.add("values", "not_checked", f"scale values were not read because {reason}: fix those first", severity=Severity.INFO)
         return False
     layout = view.layout
     total = 4 * layout.dims.num_hidden_layers * layout.dims.num_local_experts * (2 * layout.padded_intermediate_size + layout.padded_hidden_size)

@@ -114,7 +114,8 @@ def dims_from_config(config: Mapping[str, Any]) -> ModelDims:
 
     Raises ``ConfigFieldError`` naming the first field that is missing, is not an integer
     (booleans and floats are refused: a dimension of ``2880.0`` is a broken config) or lies
-    outside 1 … 2^31 (checked before anything computes with it).
+    outside 1 … 2^31 (checked before anything computes with it), or when more experts per token
+    are asked for than the layer has.
     """
     values: dict[str, int] = {}
     for field in ModelDims.__dataclass_fields__:
@@ -130,6 +131,12 @@ def dims_from_config(config: Mapping[str, Any]) -> ModelDims:
             shown = repr(value) if abs(value) < 10**30 else f"an integer of {value.bit_length():,} bits"
             raise ConfigFieldError(present[0], f"must be an integer in 1 … 2^31, found {shown}", "out_of_range")
         values[field] = value
+    if values["num_experts_per_tok"] > values["num_local_experts"]:
+        raise ConfigFieldError(
+            "num_experts_per_tok",
+            f"is {values['num_experts_per_tok']}, more than the {values['num_local_experts']} experts "
+            "(num_local_experts): a token cannot be routed to more experts than the layer has",
+        )
     return ModelDims(**values)
 
 

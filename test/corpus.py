@@ -989,6 +989,11 @@ def _(ck: Ckpt) -> None:
     ck.replace_in(fmt.CONFIG_FILE, '"head_dim": 16,', "")
 
 
+@case("config_more_experts_per_token_than_experts", "config", code="config.bad_field")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(num_experts_per_tok=5, experts_per_token=5)  # the tiny model has 4 experts
+
+
 # ============================================================================ neuron_config
 
 
