@@ -134,11 +134,11 @@ class Inspection:
 def inspect_directory(path: str | os.PathLike[str], *, allow_custom_model: bool = False) -> Inspection:
     """Recognize ``path``; for a normalized checkpoint also run the preflight and summarize it.
 
-    The preflight is not run when the recognizer refused a file (a FIFO, socket, device or
-    directory where config, index or a listed shard should be): nothing blocks on such a file.
+    Neither step blocks: both refuse a FIFO, socket, device or directory where config, index or
+    a listed shard should be before opening it (the preflight reports it as a finding).
     """
     recognition = rz.recognize(path)
     inspection = Inspection(recognition)
-    if recognition.kind == rz.NORMALIZED and not recognition.refused:
+    if recognition.kind == rz.NORMALIZED:
         inspection.summary = inspect_checkpoint(path, allow_custom_model=allow_custom_model)
     return inspection

@@ -300,7 +300,8 @@ def test_inspect_refuses_special_files_without_blocking(tmp_path: Path, tiny_che
     (tiny_checkpoint / fmt.CONFIG_FILE).unlink()
     os.mkfifo(tiny_checkpoint / fmt.CONFIG_FILE)
     code, out, _ = run(["inspect", str(tiny_checkpoint), "--allow-custom-model"], capsys)
-    assert code == 1 and "config.json is a FIFO (named pipe)" in out and "verdict" not in out
+    assert code == 1 and "config.json is a FIFO (named pipe)" in out
+    assert "filesystem.not_a_file" in out and "INVALID" in out  # the preflight's verdict, reached without blocking
 
 
 def test_make_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

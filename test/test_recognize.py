@@ -256,6 +256,19 @@ def test_listed_shard_that_is_a_fifo_is_refused(tiny_checkpoint: Path, alarm: No
     assert found.kind == rz.NORMALIZED and any(shard.name in item and "FIFO" in item for item in found.refused)
 
 
+def test_inspect_of_a_normalized_checkpoint_with_a_fifo_shard_is_invalid(tiny_checkpoint: Path, alarm: None) -> None:
+    from nxdi_gptoss_fp8.cli import main
+    from nxdi_gptoss_fp8.summary import inspect_directory
+
+    shard = sorted(tiny_checkpoint.glob("*.safetensors"))[0]
+    shard.unlink()
+    os.mkfifo(shard)
+    inspection = inspect_directory(tiny_checkpoint, allow_custom_model=True)
+    assert not inspection.ok
+    assert inspection.summary is not None and "filesystem.not_a_file" in inspection.summary.report.codes()
+    assert main(["inspect", str(tiny_checkpoint), "--allow-custom-model"]) == 1
+
+
 def test_bounded_headers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "many"
     root.mkdir()
