@@ -312,6 +312,29 @@ def convert_advice(src: str = "SRC") -> str:
     return f"convert it with `{CONVERT_COMMAND} {src} OUT`"
 
 
+# compressed-tensors sources: how their gate_up_proj was cut into gate_proj / up_proj
+CT_SPLIT_INTERLEAVED = "interleaved"
+CT_SPLIT_HALVES = "halves"
+CT_GATE_UP_SPLITS = (CT_SPLIT_INTERLEAVED, CT_SPLIT_HALVES)
+CT_SPLIT_HELP = (
+    "--ct-gate-up-split (gate_up_split=) 'halves' if llm-compressor 0.12.0 to 0.13.0 made it (its generic expert "
+    "linearizer cut gate_up_proj into column halves), 'interleaved' if an earlier or later version did (even/odd "
+    "columns); if unsure, compare one expert's output with the source model's"
+)
+
+
+def ct_known_split(transformers_version: Any, nested: bool) -> tuple[str | None, str]:
+    """The gate/up split of a compressed-tensors checkpoint when its files tell it, and why:
+    ``experts.experts.E`` names (llm-compressor 0.10–0.11) or ``transformers_version`` < 5 mean
+    even/odd; otherwise (None, "") — only the user can say (``CT_SPLIT_HELP``)."""
+    if nested:
+        return CT_SPLIT_INTERLEAVED, "experts.experts.E names (llm-compressor 0.10–0.11) split even/odd"
+    match = re.match(r"(\d+)\.", str(transformers_version if transformers_version is not None else ""))
+    if match and int(match.group(1)) < 5:
+        return CT_SPLIT_INTERLEAVED, f"transformers_version {transformers_version} (< 5) means even/odd"
+    return None, ""
+
+
 HF_HINT = f"this looks like an HF (MXFP4/BF16) checkpoint: {ADVICE_HF_LOAD}, or {convert_advice()}"
 LEGACY_HINT = f"this looks like an NxDI legacy (block.N.*) checkpoint: {ADVICE_LEGACY_LOAD}"
 _FOREIGN_PATTERNS: tuple[tuple[re.Pattern[str], str, str], ...] = (

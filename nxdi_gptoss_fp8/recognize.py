@@ -47,6 +47,7 @@ _HF_EXPERTS = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.")
 _HF_MXFP4 = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj_(blocks|scales)$")
 _HF_DENSE = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")
 _PER_EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(?:experts\.)?\d+\.(gate|up|down)_proj\.")
+_NESTED_EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.experts\.\d+\.(gate|up|down)_proj\.")
 _LEGACY = re.compile(r"^block\.\d+\.")
 _LEGACY_MXFP4 = re.compile(r"^block\.\d+\.mlp\.mlp[12]_weight\.(blocks|scales)$")
 _LEGACY_EXPERT = re.compile(r"^block\.\d+\.mlp\.mlp1_weight$")
@@ -343,7 +344,7 @@ def _recognize_weights(rec: Recognition, reader: _Reader, entries: Mapping[str, 
     names, owner, source = found
     rec.names_examined = len(names)
     if method == "compressed-tensors":
-        _compressed_tensors(rec, quant, names, source)
+        _compressed_tensors(rec, quant, names, source, config)
     elif (name := _first(names, _HF_MXFP4)) is not None:
         rec.kind = HF_MXFP4
         rec.evidence.append(f"{source}: {name} (MXFP4 blocks/scales)")
@@ -390,7 +391,8 @@ def _note_listed_shards(rec: Recognition, reader: _Reader, index: Mapping[str, A
         reader.regular(shard)
 
 
-def _compressed_tensors(rec: Recognition, quant: Mapping[str, Any], names: list[str], source: str) -> None:
+def _compressed_tensors(rec: Recognition, quant: Mapping[str, Any], names: list[str], source: str,
+                        config: Mapping[str, Any] | None) -> None:
     root = rec.path
     fmt_name = quant.get("format")
     groups = quant.get("config_groups")
@@ -425,7 +427,16 @@ def _compressed_tensors(rec: Recognition, quant: Mapping[str, Any], names: list[
                        "dynamic activations) converts; re-export the model with that scheme"]
     else:
         rec.kind = COMPRESSED_TENSORS_FP8
-        rec.actions = [fmt.convert_advice(root)]
+        version = config.get("transformers_version") if isinstance(config, Mapping) else None
+        split, why = fmt.ct_known_split(version, _first(names, _NESTED_EXPERT) is not None)
+        if split is None:
+            rec.evidence.append(f"{fmt.CONFIG_FILE}: transformers_version {version!r} with experts.E names: "
+                                "the gate/up split cannot be told from the files")
+            rec.actions = [f"convert it with `{fmt.CONVERT_COMMAND} {root} OUT --ct-gate-up-split interleaved|halves`: "
+                           f"the files cannot tell the gate/up split; state it with {fmt.CT_SPLIT_HELP}"]
+        else:
+            rec.evidence.append(f"gate/up split {split}: {why}")
+            rec.actions = [fmt.convert_advice(root)]
         rec.notes.append("NxDI cannot load compressed-tensors checkpoints directly (no CHECKPOINT_FORMAT applies)")
 
 

@@ -326,3 +326,23 @@ def test_an_index_pointing_outside_is_not_followed(tmp_path: Path) -> None:
     found = rz.recognize(root)
     assert found.kind == rz.LEGACY_BF16 and found.headers_read == 0
     assert any("dtype not read" in e for e in found.evidence)
+
+
+@pytest.mark.parametrize(("version", "infix", "needs_split"), [
+    ("5.0.0", "", True), ("5.2.1", "", True), (None, "", True), ("4.57.1", "", False), ("5.0.0", "experts.", False),
+])
+def test_compressed_tensors_ambiguous_split_names_the_option(tmp_path: Path, version: str | None, infix: str,
+                                                             needs_split: bool) -> None:
+    """transformers ≥ 5 with ``experts.E`` names: the files cannot tell the gate/up split, so the
+    advice names --ct-gate-up-split and how to decide, in the converter's own words."""
+    config = ct_config()
+    if version is not None:
+        config["transformers_version"] = version
+    found = rz.recognize(write_checkpoint(tmp_path / "ct", per_expert(infix=infix), config=config))
+    assert found.kind == rz.COMPRESSED_TENSORS_FP8, found.render_text()
+    action = " ".join(found.actions)
+    assert ("--ct-gate-up-split interleaved|halves" in action) is needs_split
+    assert (fmt.CT_SPLIT_HELP in action) is needs_split
+    assert "nxdi-gptoss-fp8 convert" in action
+    if not needs_split:
+        assert any("gate/up split interleaved" in item for item in found.evidence), found.evidence

@@ -36,14 +36,10 @@ from .source import EXPERTS, FLOAT_DTYPES, HF_PREFIX, ExpertRows, SourceReader, 
 NAME = "compressed-tensors-fp8"
 QUANT_METHOD = "compressed-tensors"
 FLOAT_QUANTIZED = "float-quantized"
-SPLIT_INTERLEAVED = "interleaved"
-SPLIT_HALVES = "halves"
-GATE_UP_SPLITS = (SPLIT_INTERLEAVED, SPLIT_HALVES)
-SPLIT_HELP = (
-    "--ct-gate-up-split (gate_up_split=) 'halves' if llm-compressor 0.12.0 to 0.13.0 made it (its generic expert "
-    "linearizer cut gate_up_proj into column halves), 'interleaved' if an earlier or later version did (even/odd "
-    "columns); if unsure, compare one expert's output with the source model's"
-)
+SPLIT_INTERLEAVED = fmt.CT_SPLIT_INTERLEAVED
+SPLIT_HALVES = fmt.CT_SPLIT_HALVES
+GATE_UP_SPLITS = fmt.CT_GATE_UP_SPLITS
+SPLIT_HELP = fmt.CT_SPLIT_HELP
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _WEIGHTS = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False}
 _ACTIVATIONS = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
@@ -261,22 +257,12 @@ def _check_tensor_kinds(tensors: dict[str, tuple[str, TensorInfo]], dims: fmt.Mo
                                              "(group, block or tensor strategy)")
 
 
-def _transformers_major(config: dict[str, Any]) -> int | None:
-    match = re.match(r"(\d+)\.", str(config.get("transformers_version", "")))
-    return int(match.group(1)) if match else None
-
-
 def _resolve_split(config: dict[str, Any], nested: bool, stated: str | None, config_path: str) -> str:
     """The gate/up split: known from the names (B) or ``transformers_version`` < 5 (A); otherwise
     (C: halves, or D: even/odd, indistinguishable) only the user can say."""
     if stated is not None and stated not in GATE_UP_SPLITS:
         raise ConversionError(f"gate_up_split is {stated!r}: use one of {', '.join(GATE_UP_SPLITS)}")
-    major = _transformers_major(config)
-    known, why = None, ""
-    if nested:
-        known, why = SPLIT_INTERLEAVED, "experts.experts.E names (llm-compressor 0.10–0.11) split even/odd"
-    elif major is not None and major < 5:
-        known, why = SPLIT_INTERLEAVED, f"transformers_version {config['transformers_version']} (< 5) means even/odd"
+    known, why = fmt.ct_known_split(config.get("transformers_version"), nested)
     if known is not None:
         if stated not in (None, known):
             raise ConversionError(f"{config_path}: gate_up_split {stated!r} contradicts the checkpoint: {why}")
