@@ -348,3 +348,40 @@ def test_a_directory_named_like_a_shard_is_refused(variants: dict[str, Path], tm
     (src / "model-00002-of-00003.safetensors").mkdir()
     with pytest.raises(ConversionError, match="is a directory, not a regular file"):
         convert(src, tmp_path / "out", progress=False)
+
+
+def test_integer_halving_matches_the_table_for_every_byte() -> None:
+    """The integer halving (exponent − 1, bottom binades m/2 rounded to even) gives the table's
+    byte for every finite E4M3 byte, and counts exactly the bytes the table marks inexact."""
+    from nxdi_gptoss_fp8.convert import compressed_tensors as ct
+
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    rows = torch.stack([codes, codes.flip(0)])  # every row reaches 448: both are halved
+    out, scale, exactness = ct._neuron_range(rows, torch.ones(2, 1, dtype=torch.bfloat16), "x")
+    assert torch.equal(out, ct._HALVED[rows.to(torch.int32)])
+    assert torch.equal(scale, torch.full((2,), 2.0))
+    assert exactness.inexact == 2 * int((~ct._HALVED_EXACT[codes.to(torch.int32)]).sum())
+    assert exactness.flushed_to_zero == 4  # +-2^-9 in each row
+    assert exactness.max_rel_error == 1.0
+
+
+@pytest.mark.parametrize("proj", [fmt.GATE_UP, fmt.DOWN])
+def test_verification_names_a_changed_fp8_byte(variants: dict[str, Path], tmp_path: Path, proj: str) -> None:
+    """The byte comparison hands a differing row to the float comparison, which names the value."""
+    converted = convert(variants["A"], tmp_path / "out", progress=False)
+    index = json.loads((tmp_path / "out" / fmt.INDEX_FILE).read_text())
+    name = f"layers.0.{proj}.weight"
+    shard = tmp_path / "out" / index["weight_map"][name]
+    tensors = load_file(str(shard))
+    raw = tensors[name].view(torch.uint8).clone()
+    normal = ((raw[1] & 0x78) >= 0x08) & ((raw[1] & 0x78) <= 0x58)
+    c, col = (int(i) for i in normal.nonzero()[-1])
+    raw[1, c, col] += 0x10  # four times the value
+    tensors[name] = raw.view(FP8_DTYPE)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    index["metadata"].pop("shard_sha256", None)
+    (tmp_path / "out" / fmt.INDEX_FILE).write_text(json.dumps(index))
+    report = verify_conversion(tmp_path / "out", variants["A"])
+    assert report.violations == 1, report.render_text()
+    assert any(f"[{c}, {col}]" in problem for problem in report.problems), report.problems
+    assert sum(row.inexact for row in report.rows) == converted.inexact_values

@@ -64,12 +64,23 @@ def _halved_table() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _HALVED, _HALVED_EXACT = _halved_table()
-# the same for both bytes of an int16 at once: half the gathers
+# Halving an E4M3 byte with integer ops: from exponent field 2 up, the exponent field minus one
+# (subtract 0x08), always exact; below (magnitude m < 0x10, value m · 2^-9, linear across the
+# subnormal and the first normal binade) the byte m/2 rounded to nearest even, inexact for odd m.
+# the same for both bytes of an int16 at once, and the bytes whose half E4M3 cannot hold:
+# (byte & mask) == 1, magnitude below 0x10 with an odd mantissa (the reference the integer
+# halving is tested against)
 _HALVED_PAIRS = _HALVED[torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.uint8).to(torch.int32)
                         ].view(torch.int16)
-# (byte & mask) == 1: magnitude below 0x10 (exponent field 0 or 1) with an odd mantissa — the only
-# values whose half E4M3 cannot hold
 _ODD_BOTTOM_MASK = 0x71
+_EXPONENT_ONE = 0x08
+_BOTTOM_MASK = 0x70
+_LOW_MAGNITUDE = 0x0F
+# relative error of halving (and doubling back) magnitude m < 0x10, through the table above
+_ROUNDED_REL_ERROR = torch.tensor(
+    [0.0] + [abs(float(_HALVED[m].view(FP8_DTYPE).double()) * 2 - float(torch.tensor(m, dtype=torch.uint8)
+             .view(FP8_DTYPE).double())) / float(torch.tensor(m, dtype=torch.uint8).view(FP8_DTYPE).double())
+             for m in range(1, 16)], dtype=torch.float64)
 _CHUNK_BYTES = 1 << 18
 
 
@@ -157,6 +168,11 @@ class _ScaledRows(ExpertRows):
     def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:
         super().__init__(q, tuple(q.shape), torch.float64 if scale.dtype == torch.float32 else torch.float32)
         self.scale = scale.to(self.dtype)
+
+    def fp8_rows(self, start: int, stop: int, step: int = 1) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.dtype != torch.float32:  # F32 scales: products judged in float64
+            return None
+        return self.raw[start:stop:step].view(torch.uint8), self.scale[start:stop:step].reshape(-1)
 
     def decode(self, raw_rows: torch.Tensor, start: int, stop: int, step: int) -> torch.Tensor:
         values = fp8_values(raw_rows) if self.dtype == torch.float32 else raw_rows.to(self.dtype)
@@ -282,7 +298,8 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str) -> tuple[tor
     """uint8 [rows, K] OCP E4M3 and its scale [rows, 1] → (E4M3 bytes within ±240, float32 scale
     [rows], exactness): rows beyond ±240 halved, their scales doubled.
 
-    Works on cache-sized row blocks; halving is one gather per byte pair from a table."""
+    Works on cache-sized row blocks; halving is one integer subtraction over the block, fixed up
+    for the few bytes of the two bottom binades."""
     q = q.view(torch.uint8)
     rows, cols = q.shape
     step = max(1, _CHUNK_BYTES // max(cols, 1))
@@ -306,31 +323,36 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str) -> tuple[tor
     if not bool(halve.any()):
         return q, s, exactness
     out = torch.empty_like(q)
+    halved_rows = halve.to(torch.uint8).unsqueeze(1)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
         block, halved = q[start:stop], out[start:stop]
-        if block.numel() % 2 == 0:
-            index = block.reshape(-1).view(torch.uint16).to(torch.int32)
-            torch.index_select(_HALVED_PAIRS, 0, index, out=halved.view(-1).view(torch.int16))
+        # branch-free (comparisons to bool cost ten times an integer op here): the amount d to
+        # subtract from each byte is 0x08 from exponent field 2 up, m − round_even(m/2) below
+        big = (block & _BOTTOM_MASK).clamp_(max=1)  # 1 from exponent field 2 up, 0 in the bottom binades
+        if int(big.amin()) == 0:
+            magnitude = block & _LOW_MAGNITUDE  # m where it matters (the bottom binades)
+            half = magnitude >> 1
+            rounded = half.add_(magnitude & half & 1)
+            small = big ^ 1
+            minus = magnitude.sub_(rounded).mul_(small).add_(big * _EXPONENT_ONE).mul_(halved_rows[start:stop])
+            odd = block.bitwise_and(1).mul_(small).mul_(halved_rows[start:stop]).mul_(block & _LOW_MAGNITUDE)
+            if int(odd.amax()) > 0:  # odd m of the bottom binades: halving rounds them
+                _count_rounded(torch.bincount(odd.view(-1), minlength=16), exactness)
         else:
-            halved.copy_(_HALVED[block.to(torch.int32)])
-        keep = ~halve[start:stop]
-        odd_bottom = (block & _ODD_BOTTOM_MASK) == 1  # odd values of the bottom binade round when halved
-        if bool(keep.any()):
-            halved[keep] = block[keep]
-            odd_bottom &= halve[start:stop].unsqueeze(1)
-        if bool(odd_bottom.any()):
-            _count_rounded(block[odd_bottom], exactness)
+            minus = halved_rows[start:stop] * _EXPONENT_ONE
+        torch.sub(block, minus, out=halved)
     return out, s, exactness
 
 
-def _count_rounded(bottom: torch.Tensor, exactness: Exactness) -> None:
-    """Add the bytes ``bottom`` (values that halving rounds) with their worst relative error."""
-    before = bottom.view(FP8_DTYPE).double()
-    after = _HALVED[bottom.to(torch.int32)].view(FP8_DTYPE).double() * 2
-    exactness.inexact += bottom.numel()
-    exactness.flushed_to_zero += int((after == 0).sum())
-    exactness.max_rel_error = max(exactness.max_rel_error, float(((after - before).abs() / before.abs()).max()))
+def _count_rounded(counts: torch.Tensor, exactness: Exactness) -> None:
+    """Add the bottom-binade magnitudes m (``counts[m]`` bytes each, odd m only: the values
+    halving rounds) with their worst relative error."""
+    present = counts[1:16:2] > 0
+    exactness.inexact += int(counts[1:16:2].sum())
+    exactness.flushed_to_zero += int(counts[1])
+    if bool(present.any()):
+        exactness.max_rel_error = max(exactness.max_rel_error, float(_ROUNDED_REL_ERROR[1:16:2][present].max()))
 
 
 def _encode_gate_up(lane: Lane, gate: torch.Tensor, gate_scale: torch.Tensor, up: torch.Tensor,

@@ -144,6 +144,11 @@ class ExpertRows:
     def decode(self, raw_rows: torch.Tensor, start: int, stop: int, step: int) -> torch.Tensor:
         return raw_rows.to(self.dtype)
 
+    def fp8_rows(self, start: int, stop: int, step: int = 1) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """For sources whose values are exactly E4M3 bytes × a float32 per-row scale: (uint8 rows
+        ``start:stop:step``, their scales), so a verifier can compare bytes; None for the rest."""
+        return None
+
     def rows(self, start: int, stop: int, step: int = 1) -> torch.Tensor:
         """float [len(range(start, stop, step)), in]: the source rows ``start:stop:step``."""
         return self.decode(self.raw[start:stop:step], start, stop, step)
