@@ -184,13 +184,15 @@ def _byte_mismatches(q: torch.Tensor, scale: torch.Tensor, source_q: torch.Tenso
     """Stored E4M3 bytes ``q`` [rows, cols] with float32 ``scale`` [rows] against a source that is
     itself E4M3 bytes × a float32 per-row scale: where the stored scale is the source's or twice
     it, ``q × scale == source`` exactly iff ``q`` (or ``q`` doubled) is the source byte. Doubling
-    a byte: exponent field + 1 for normal values, magnitude × 2 for subnormal ones (value m · 2^-9).
-    Returns the rows (indices) holding any other byte, or None when a scale is neither."""
+    a byte adds min(magnitude, 8): the exponent field + 1 for normal values (magnitude ≥ 8), the
+    magnitude twice for subnormal ones (value m · 2^-9). Returns the rows (indices) holding any
+    other byte, or None when a scale is neither."""
     same, twice = scale == source_scale, scale == source_scale * 2
     if not bool((same | twice).all()):
         return None
-    normal = (q & 0x78).clamp_(max=1)  # 1 for exponent field ≥ 1
-    step = (normal ^ 1).mul_(q & 0x07).add_(normal.mul_(0x08)).mul_(twice.to(torch.uint8).unsqueeze(1))
+    step = (q & 0x7F).clamp_(max=0x08)
+    if not bool(twice.all()):
+        step.mul_(twice.to(torch.uint8).unsqueeze(1))
     differ = step.add_(q).bitwise_xor_(source_q).amax(dim=1)
     return differ.nonzero().reshape(-1)
 
@@ -235,9 +237,10 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
                     result.exact += (q.shape[0] - subset.numel()) * cols
                     if not subset.numel():
                         continue
-            wanted = want.rows(offset + start * stride, offset + stop * stride, stride)
-            if subset is not None:  # only the rows whose bytes differ go through the float comparison
-                q, s, wanted = q[subset], s[subset], wanted[subset]
+            # only the rows whose bytes differ (if compared) go through the float comparison
+            wanted = want.rows(offset + start * stride, offset + stop * stride, stride, subset)
+            if subset is not None:
+                q, s = q[subset], s[subset]
             values = fp8_values(q)
             if bool(fast[start:stop].all()):
                 values.mul_(s.unsqueeze(1))

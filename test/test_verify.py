@@ -174,3 +174,19 @@ def test_cli_verify_conversion(sources: dict[str, Path], tmp_path: Path, monkeyp
     assert document["ok"] is False and document["violations"] > 0
     assert main(["verify-conversion", str(tmp_path / "good"), "--source", str(tmp_path / "nowhere")]) == 2
     assert "nowhere does not exist" in capsys.readouterr().err
+
+
+def test_byte_comparison_doubles_every_byte_within_240() -> None:
+    """Stored byte doubled by integer ops == the E4M3 byte of twice its value, for every byte
+    whose double E4M3 holds (up to ±224; the source is E4M3 too); a scale that is neither the source's nor twice it leaves the bytes uncompared."""
+    from nxdi_gptoss_fp8.quant import FP8_DTYPE
+    from nxdi_gptoss_fp8.verify import _byte_mismatches
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    codes = codes[(codes & 0x7F) <= 0x76].unsqueeze(0)
+    doubled = (codes.view(FP8_DTYPE).float() * 2).to(FP8_DTYPE).view(torch.uint8)
+    one = torch.ones(1)
+    assert _byte_mismatches(codes, 2 * one, doubled, one).numel() == 0
+    assert _byte_mismatches(codes, one, codes, one).numel() == 0
+    assert _byte_mismatches(codes, one, doubled, one).tolist() == [0]
+    assert _byte_mismatches(codes, 3 * one, doubled, one) is None

@@ -174,9 +174,9 @@ class _ScaledRows(ExpertRows):
             return None
         return self.raw[start:stop:step].view(torch.uint8), self.scale[start:stop:step].reshape(-1)
 
-    def decode(self, raw_rows: torch.Tensor, start: int, stop: int, step: int) -> torch.Tensor:
+    def decode(self, raw_rows: torch.Tensor, index: slice | torch.Tensor) -> torch.Tensor:
         values = fp8_values(raw_rows) if self.dtype == torch.float32 else raw_rows.to(self.dtype)
-        return values.mul_(self.scale[start:stop:step])
+        return values.mul_(self.scale[index])
 
 
 def _prefix(reader: SourceReader, layer: int, expert: int) -> str:

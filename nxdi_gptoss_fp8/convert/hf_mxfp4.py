@@ -88,8 +88,8 @@ class _DecodedRows(ExpertRows):
         super().__init__(blocks, (scales.shape[0], scales.shape[1] * mxfp4.BLOCK_SIZE), torch.float32)
         self.scales = scales
 
-    def decode(self, raw_rows: torch.Tensor, start: int, stop: int, step: int) -> torch.Tensor:
-        return mxfp4.decode(raw_rows, self.scales[start:stop:step])
+    def decode(self, raw_rows: torch.Tensor, index: slice | torch.Tensor) -> torch.Tensor:
+        return mxfp4.decode(raw_rows, self.scales[index])
 
 
 def _encode_expert(lane: Lane, blocks: torch.Tensor, scales: torch.Tensor, proj: str, padded_i: int,

@@ -141,7 +141,8 @@ class ExpertRows:
     def __init__(self, raw: torch.Tensor, shape: tuple[int, int], dtype: Any) -> None:
         self.raw, self.shape, self.dtype = raw, shape, dtype
 
-    def decode(self, raw_rows: torch.Tensor, start: int, stop: int, step: int) -> torch.Tensor:
+    def decode(self, raw_rows: torch.Tensor, index: slice | torch.Tensor) -> torch.Tensor:
+        """The values of ``raw_rows``, which are ``self.raw[index]`` (a slice or row indices)."""
         return raw_rows.to(self.dtype)
 
     def fp8_rows(self, start: int, stop: int, step: int = 1) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -149,9 +150,13 @@ class ExpertRows:
         ``start:stop:step``, their scales), so a verifier can compare bytes; None for the rest."""
         return None
 
-    def rows(self, start: int, stop: int, step: int = 1) -> torch.Tensor:
-        """float [len(range(start, stop, step)), in]: the source rows ``start:stop:step``."""
-        return self.decode(self.raw[start:stop:step], start, stop, step)
+    def rows(self, start: int, stop: int, step: int = 1, subset: torch.Tensor | None = None) -> torch.Tensor:
+        """float [len(range(start, stop, step)), in]: the source rows ``start:stop:step`` (only
+        the ``subset`` of them, row positions in that range, when given)."""
+        index: slice | torch.Tensor = slice(start, stop, step)
+        if subset is not None:
+            index = subset * step + start
+        return self.decode(self.raw[index], index)
 
 
 class SourceReader:
