@@ -180,21 +180,21 @@ def _judge(want: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor
 
 
 def _byte_mismatches(q: torch.Tensor, scale: torch.Tensor, source_q: torch.Tensor, source_scale: torch.Tensor
-                     ) -> torch.Tensor | None:
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Stored E4M3 bytes ``q`` [rows, cols] with float32 ``scale`` [rows] against a source that is
     itself E4M3 bytes × a float32 per-row scale: where the stored scale is the source's or twice
     it, ``q × scale == source`` exactly iff ``q`` (or ``q`` doubled) is the source byte. Doubling
     a byte adds min(magnitude, 8): the exponent field + 1 for normal values (magnitude ≥ 8), the
     magnitude twice for subnormal ones (value m · 2^-9). Returns the rows (indices) holding any
-    other byte, or None when a scale is neither."""
+    other byte and the bytes' differences (zero where equal), or None when a scale is neither."""
     same, twice = scale == source_scale, scale == source_scale * 2
     if not bool((same | twice).all()):
         return None
     step = (q & 0x7F).clamp_(max=0x08)
     if not bool(twice.all()):
         step.mul_(twice.to(torch.uint8).unsqueeze(1))
-    differ = step.add_(q).bitwise_xor_(source_q).amax(dim=1)
-    return differ.nonzero().reshape(-1)
+    differ = step.add_(q).bitwise_xor_(source_q)
+    return differ.amax(dim=1).nonzero().reshape(-1), differ
 
 
 def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, proj: str,
@@ -232,17 +232,23 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
             subset = None
             if in_range and bool(fast[start:stop].all()):
                 source = want.fp8_rows(offset + start * stride, offset + stop * stride, stride)
-                subset = None if source is None else _byte_mismatches(q, s, *source)
-                if subset is not None:
-                    result.exact += (q.shape[0] - subset.numel()) * cols
+                compared = None if source is None else _byte_mismatches(q, s, *source)
+                if compared is not None:
+                    subset, differ = compared
                     if not subset.numel():
+                        result.exact += q.numel()
                         continue
-            # only the rows whose bytes differ (if compared) go through the float comparison
             wanted = want.rows(offset + start * stride, offset + stop * stride, stride, subset)
-            if subset is not None:
+            if subset is not None:  # only the differing bytes of the differing rows are judged in float
+                result.exact += (q.shape[0] - subset.numel()) * cols
                 q, s = q[subset], s[subset]
-            values = fp8_values(q)
-            if bool(fast[start:stop].all()):
+                where_rows, where_cols = differ[subset].nonzero(as_tuple=True)
+                result.exact += q.numel() - where_rows.numel()
+                values = fp8_values(q[where_rows, where_cols].contiguous())
+                wanted_values = wanted[where_rows, where_cols]
+                exact, bad, error = _judge(wanted_values, values, s[where_rows])
+            elif bool(fast[start:stop].all()):
+                values = fp8_values(q)
                 values.mul_(s.unsqueeze(1))
                 if in_range and try_equal and torch.equal(values, wanted):
                     result.exact += q.numel()
@@ -259,6 +265,7 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
                 wanted_values = wanted[where_rows, where_cols]
                 exact, bad, error = _judge(wanted_values, values, s[where_rows])
             else:
+                values = fp8_values(q)
                 wanted_values = wanted.reshape(-1)
                 exact, bad, error = _judge(wanted_values, values.reshape(-1),
                                            s.unsqueeze(1).expand_as(values).reshape(-1))

@@ -186,7 +186,9 @@ def test_byte_comparison_doubles_every_byte_within_240() -> None:
     codes = codes[(codes & 0x7F) <= 0x76].unsqueeze(0)
     doubled = (codes.view(FP8_DTYPE).float() * 2).to(FP8_DTYPE).view(torch.uint8)
     one = torch.ones(1)
-    assert _byte_mismatches(codes, 2 * one, doubled, one).numel() == 0
-    assert _byte_mismatches(codes, one, codes, one).numel() == 0
-    assert _byte_mismatches(codes, one, doubled, one).tolist() == [0]
+    for stored_scale, source in ((2 * one, doubled), (one, codes)):
+        rows, differ = _byte_mismatches(codes, stored_scale, source, one)
+        assert rows.numel() == 0 and not differ.any()
+    rows, differ = _byte_mismatches(codes, one, doubled, one)
+    assert rows.tolist() == [0] and torch.equal(differ != 0, codes != doubled)
     assert _byte_mismatches(codes, 3 * one, doubled, one) is None
