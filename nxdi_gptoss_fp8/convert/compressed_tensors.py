@@ -337,8 +337,9 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str) -> tuple[tor
             small = big ^ 1
             minus = magnitude.sub_(rounded).mul_(small).add_(big * _EXPONENT_ONE).mul_(halved_rows[start:stop])
             odd = block.bitwise_and(1).mul_(small).mul_(halved_rows[start:stop]).mul_(block & _LOW_MAGNITUDE)
-            if int(odd.amax()) > 0:  # odd m of the bottom binades: halving rounds them
-                _count_rounded(torch.bincount(odd.view(-1), minlength=16), exactness)
+            odd_rows = odd.amax(dim=1).nonzero().reshape(-1)  # odd m of the bottom binades: halving rounds them
+            if odd_rows.numel():
+                _count_rounded(torch.bincount(odd[odd_rows].view(-1), minlength=16), exactness)
         else:
             minus = halved_rows[start:stop] * _EXPONENT_ONE
         torch.sub(block, minus, out=halved)
