@@ -834,7 +834,7 @@ def scale_stats(raw: bytes) -> ScaleStats:
 
 
 # Checks whose errors make the shard headers untrustworthy as a map of the scales' bytes.
-_SCALE_BLOCKERS = frozenset({"index", "header", "ownership", "collision", "dtype_shape", "sidecar"})
+_SCALE_BLOCKERS = frozenset({"config", "index", "header", "ownership", "collision", "dtype_shape", "sidecar"})
 
 
 def _scales_trusted(view: CheckpointView, report: PreflightReport) -> bool:
