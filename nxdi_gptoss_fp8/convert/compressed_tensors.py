@@ -20,6 +20,7 @@ the names and ``transformers_version`` where that is possible, otherwise stated 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from ..errors import ConversionError
 from ..mxfp4 import Exactness
 from ..quant import FP8_DTYPE, fp8_values
 from ..safetensors_header import TensorInfo
+from .layout import TILE as _TILE_ROWS
 from .layout import chunk_halves, chunk_interleaved, pad_to, place_down, place_gate_up
 from .output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, put_biases, stream_experts
 from .source import EXPERTS, FLOAT_DTYPES, HF_PREFIX, ExpertRows, SourceReader, SourceSpec, non_expert_specs
@@ -73,9 +75,8 @@ _HALVED, _HALVED_EXACT = _halved_table()
 _HALVED_PAIRS = _HALVED[torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.uint8).to(torch.int32)
                         ].view(torch.int16)
 _ODD_BOTTOM_MASK = 0x71
-_EXPONENT_ONE = 0x08
-_BOTTOM_MASK = 0x70
 _LOW_MAGNITUDE = 0x0F
+_BOTTOM_LIMIT = 0x10
 # relative error of halving (and doubling back) magnitude m < 0x10, through the table above
 _ROUNDED_REL_ERROR = torch.tensor(
     [0.0] + [abs(float(_HALVED[m].view(FP8_DTYPE).double()) * 2 - float(torch.tensor(m, dtype=torch.uint8)
@@ -294,18 +295,10 @@ def _resolve_split(config: dict[str, Any], nested: bool, stated: str | None, con
 # --------------------------------------------------------------------------- conversion
 
 
-def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.Tensor, Exactness]:
-    """uint8 [rows, K] OCP E4M3 and its scale [rows, 1] → (E4M3 bytes within ±240, float32 scale
-    [rows], exactness): rows beyond ±240 halved, their scales doubled.
-
-    Works on cache-sized row blocks; halving is one integer subtraction over the block, fixed up
-    for the few bytes of the two bottom binades."""
-    q = q.view(torch.uint8)
-    rows, cols = q.shape
-    step = max(1, _CHUNK_BYTES // max(cols, 1))
-    row_max = torch.empty(rows, dtype=torch.uint8)
-    for start in range(0, rows, step):
-        torch.amax(q[start:start + step] & _MAG, dim=1, out=row_max[start:start + step])
+def _check_rows(row_max: torch.Tensor, scale: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows' largest magnitude bytes and their scales → (float32 scales, doubled where halved;
+    which rows are halved). Raises on a NaN byte, an unusable scale of a non-zero row, or a
+    doubling that overflows, in that order, naming the first row."""
     if bool((row_max == _FP8_NAN).any()):
         row = int((row_max == _FP8_NAN).nonzero()[0])
         raise ConversionError(f"{where} row {row} holds a NaN byte: corrupt source")
@@ -319,31 +312,62 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str) -> tuple[tor
     s = torch.where(halve, s * 2, s)
     if not bool(torch.isfinite(s).all()):
         raise ConversionError(f"{where}: doubling a weight_scale overflows float32: corrupt source")
+    return s, halve
+
+
+def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str,
+                  place: Callable[[torch.Tensor, int], None] | None = None
+                  ) -> tuple[torch.Tensor | None, torch.Tensor, Exactness]:
+    """uint8 [rows, K] OCP E4M3 and its scale [rows, 1] → (E4M3 bytes within ±240, float32 scale
+    [rows], exactness): rows beyond ±240 halved, their scales doubled.
+
+    One pass over cache-sized row blocks: rows beyond ±240 are halved with a few integer ops;
+    the rows are checked once all are seen (a corrupt source raises before anything is written). With ``place``, each finished block goes to
+    ``place(block, first_row)`` while it is still in cache (fused with the transpose into the
+    output buffer) and the bytes are returned as None."""
+    q = q.view(torch.uint8)
+    rows, cols = q.shape
+    step = max(1, _CHUNK_BYTES // max(cols, 1))
+    if step > _TILE_ROWS:
+        step -= step % _TILE_ROWS  # whole transpose tiles per block
+    row_max = torch.empty(rows, dtype=torch.uint8)
+    result = None
+    if place is None:
+        result = torch.empty_like(q)
+
+        def place(block: torch.Tensor, first: int) -> None:
+            result[first:first + block.shape[0]] = block
+
     exactness = Exactness(values=q.numel())
-    if not bool(halve.any()):
-        return q, s, exactness
-    out = torch.empty_like(q)
-    halved_rows = halve.to(torch.uint8).unsqueeze(1)
+    magnitude = torch.empty((min(step, rows), cols), dtype=torch.uint8)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        block, halved = q[start:stop], out[start:stop]
-        # branch-free (comparisons to bool cost ten times an integer op here): the amount d to
-        # subtract from each byte is 0x08 from exponent field 2 up, m − round_even(m/2) below
-        big = (block & _BOTTOM_MASK).clamp_(max=1)  # 1 from exponent field 2 up, 0 in the bottom binades
-        if int(big.amin()) == 0:
-            magnitude = block & _LOW_MAGNITUDE  # m where it matters (the bottom binades)
-            half = magnitude >> 1
-            rounded = half.add_(magnitude & half & 1)
-            small = big ^ 1
-            minus = magnitude.sub_(rounded).mul_(small).add_(big * _EXPONENT_ONE).mul_(halved_rows[start:stop])
-            odd = block.bitwise_and(1).mul_(small).mul_(halved_rows[start:stop]).mul_(block & _LOW_MAGNITUDE)
-            odd_rows = odd.amax(dim=1).nonzero().reshape(-1)  # odd m of the bottom binades: halving rounds them
-            if odd_rows.numel():
-                _count_rounded(torch.bincount(odd[odd_rows].view(-1), minlength=16), exactness)
-        else:
-            minus = halved_rows[start:stop] * _EXPONENT_ONE
-        torch.sub(block, minus, out=halved)
-    return out, s, exactness
+        block, mag = q[start:stop], magnitude[:stop - start]
+        torch.bitwise_and(block, _MAG, out=mag)
+        torch.amax(mag, dim=1, out=row_max[start:stop])
+        halve = row_max[start:stop] > _NEURON_MAX_BYTE  # rows are checked below, once all are seen
+        if not bool(halve.any()):
+            place(block, start)
+            continue
+        # branch-free (comparisons to bool cost ten times an integer op here): with the magnitude
+        # m clamped to 0x10, the amount to subtract is d = ⌈m/2⌉ − (m & m>>1 & 1) = m − round_even(m/2)
+        # in the bottom binades (m < 0x10, value m · 2^-9) and 0x08 (the exponent field minus one)
+        # from exponent field 2 up
+        clamped = mag.clamp_(max=_BOTTOM_LIMIT)
+        minus = (clamped + 1).bitwise_right_shift_(1)
+        minus.sub_(clamped.bitwise_right_shift(1).bitwise_and_(clamped).bitwise_and_(1))
+        odd = clamped.bitwise_and_(1)  # odd m of the bottom binades: halving rounds them
+        if not bool(halve.all()):
+            halved_rows = halve.to(torch.uint8).unsqueeze(1)
+            minus.mul_(halved_rows)
+            odd.mul_(halved_rows)
+        odd_rows = odd.amax(dim=1).nonzero().reshape(-1)
+        if odd_rows.numel():
+            rounded = block.index_select(0, odd_rows).bitwise_and_(_LOW_MAGNITUDE).mul_(odd.index_select(0, odd_rows))
+            _count_rounded(torch.bincount(rounded.view(-1), minlength=16), exactness)
+        place(torch.sub(block, minus, out=minus), start)
+    s, _ = _check_rows(row_max, scale, where)
+    return result, s, exactness
 
 
 def _count_rounded(counts: torch.Tensor, exactness: Exactness) -> None:
@@ -358,20 +382,24 @@ def _count_rounded(counts: torch.Tensor, exactness: Exactness) -> None:
 
 def _encode_gate_up(lane: Lane, gate: torch.Tensor, gate_scale: torch.Tensor, up: torch.Tensor,
                     up_scale: torch.Tensor, split: str, padded_i: int, where: str) -> tuple[Exactness, torch.Tensor]:
-    gate, gate_s, exactness = _neuron_range(gate, gate_scale, f"{where}.gate_proj.weight")
-    up, up_s, up_exactness = _neuron_range(up, up_scale, f"{where}.up_proj.weight")
-    exactness.add(up_exactness)
     if split == SPLIT_HALVES:  # gate_proj then up_proj rows are the fused [2I, H], rows interleaved
+        gate, gate_s, exactness = _neuron_range(gate, gate_scale, f"{where}.gate_proj.weight")
+        up, up_s, up_exactness = _neuron_range(up, up_scale, f"{where}.up_proj.weight")
+        exactness.add(up_exactness)
         place_gate_up(torch.cat((gate, up)), lane.buffer)
         return exactness, chunk_interleaved(torch.cat((gate_s, up_s)), padded_i, 1.0)
-    place_down(gate, lane.buffer[:, :padded_i])
-    place_down(up, lane.buffer[:, padded_i:])
+    gate_out, up_out = lane.buffer[:, :padded_i], lane.buffer[:, padded_i:]
+    _, gate_s, exactness = _neuron_range(gate, gate_scale, f"{where}.gate_proj.weight",
+                                         lambda block, first: place_down(block, gate_out, first))
+    _, up_s, up_exactness = _neuron_range(up, up_scale, f"{where}.up_proj.weight",
+                                          lambda block, first: place_down(block, up_out, first))
+    exactness.add(up_exactness)
     return exactness, chunk_halves(gate_s, up_s, padded_i, 1.0)
 
 
 def _encode_down(lane: Lane, down: torch.Tensor, down_scale: torch.Tensor, where: str) -> tuple[Exactness, torch.Tensor]:
-    down, down_s, exactness = _neuron_range(down, down_scale, f"{where}.down_proj.weight")
-    place_down(down, lane.buffer)
+    _, down_s, exactness = _neuron_range(down, down_scale, f"{where}.down_proj.weight",
+                                         lambda block, first: place_down(block, lane.buffer, first))
     return exactness, pad_to(down_s, (lane.buffer.shape[1],), 1.0)
 
 

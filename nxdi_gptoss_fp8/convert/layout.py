@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-_TILE = 64
+TILE = 64
 
 
 def chunk_interleaved(values: torch.Tensor, padded: int, fill: float) -> torch.Tensor:
@@ -41,13 +41,13 @@ def place_gate_up(rows: torch.Tensor, out: torch.Tensor, first_row: int = 0) -> 
     """Source rows ``first_row…`` of [2I, H] (interleaved; ``first_row`` even) into ``out``
     [H', 2I']: transposed, chunked into ``[gate | up]``, padded.
 
-    Copied in tiles of ``_TILE`` source rows: a byte transpose in one piece misses the cache
+    Copied in tiles of ``TILE`` source rows: a byte transpose in one piece misses the cache
     on every element and costs about twice as much."""
     count, h = rows.shape
     channel, padded_half = first_row // 2, out.shape[1] // 2
     pairs = rows.view(count // 2, 2, h)  # [channels, (gate, up), H]
-    for start in range(0, count // 2, _TILE):
-        stop = min(count // 2, start + _TILE)
+    for start in range(0, count // 2, TILE):
+        stop = min(count // 2, start + TILE)
         out[:h, channel + start:channel + stop].copy_(pairs[start:stop, 0].t())
         out[:h, padded_half + channel + start:padded_half + channel + stop].copy_(pairs[start:stop, 1].t())
 
@@ -57,6 +57,6 @@ def place_down(rows: torch.Tensor, out: torch.Tensor, first_row: int = 0) -> Non
     as its columns: transposed, padded (in tiles, as above). Used for down [H, I] → [I', H'] and
     for separate gate or up rows [I, H] into one half of [H', 2I']."""
     count, i = rows.shape
-    for start in range(0, count, _TILE):
-        stop = min(count, start + _TILE)
+    for start in range(0, count, TILE):
+        stop = min(count, start + TILE)
         out[:i, first_row + start:first_row + stop].copy_(rows[start:stop].t())
