@@ -56,6 +56,7 @@ SLACK = 1.0 + 2.0**-16
 MAX_PROBLEMS = 20
 LANES = 2
 _CHUNK_VALUES = 1 << 17  # values compared at a time: the pieces stay in cache
+_TILE_ROWS = 64  # rows compared at a time are a multiple of this
 
 
 @dataclass
@@ -139,18 +140,18 @@ class ExpertResult:
 def _segments(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, proj: str, padded_i: int
               ) -> tuple[list[tuple[int, int, torch.Tensor, torch.Tensor, int]], list[torch.Tensor]]:
     """Pair the source rows with the stored expert [in', out'] (bytes): (first source row, row
-    step, the stored columns they became — transposed back, their scales, the output column of
-    the first) per segment, and the padding regions (which must hold zeros). gate_up rows are
-    interleaved: even rows (gate) are columns 0…, odd rows (up) columns I'…"""
+    step, the stored columns they became — as a transposed view, brought back a block of rows
+    at a time by the comparison, their scales, the output column of the first) per segment,
+    and the padding regions (which must hold zeros). gate_up rows are interleaved: even rows
+    (gate) are columns 0…, odd rows (up) columns I'…"""
     rows, cols = want.shape
     if proj == fmt.GATE_UP:
         half = rows // 2
-        segments = [(0, 2, stored[:cols, :half].t().contiguous(), scale[:half], 0),
-                    (1, 2, stored[:cols, padded_i:padded_i + half].t().contiguous(),
-                     scale[padded_i:padded_i + half], padded_i)]
+        segments = [(0, 2, stored[:cols, :half].t(), scale[:half], 0),
+                    (1, 2, stored[:cols, padded_i:padded_i + half].t(), scale[padded_i:padded_i + half], padded_i)]
         padding = [stored[cols:], stored[:cols, half:padded_i], stored[:cols, padded_i + half:]]
     else:
-        segments = [(0, 1, stored[:cols, :rows].t().contiguous(), scale[:rows], 0)]
+        segments = [(0, 1, stored[:cols, :rows].t(), scale[:rows], 0)]
         padding = [stored[cols:], stored[:cols, rows:]]
     return segments, padding
 
@@ -217,17 +218,23 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
         if nonzero and first is None:
             first = f"{where}: padding holds non-zero values"
     cols = want.shape[1]
+    step = _TILE_ROWS * max(1, _CHUNK_VALUES // (_TILE_ROWS * cols))
+    # one block of rows transposed back, reused: first its stored columns copied out whole (short
+    # contiguous runs), then transposed within the cache (a strided read across the whole expert
+    # would cost a TLB miss per byte)
+    columns, block = torch.empty((cols, step), dtype=torch.uint8), torch.empty((step, cols), dtype=torch.uint8)
     for offset, stride, back, scales, column in segments:
         rows = back.shape[0]
         fast = _products_exact(scales) & (want.dtype == torch.float32)
         # exponent field all ones (beyond ±240, or NaN) ⟺ the byte | 0x87 is 0xFF (integer ops: a
         # comparison to bool costs about ten times as much)
         in_range = int((back | 0x87).amax()) != 0xFF if back.numel() else True
-        step = max(1, _CHUNK_VALUES // cols)
         try_equal = True  # one pass that stops early; dropped after a chunk with mismatches
         for start in range(0, rows, step):
             stop = min(rows, start + step)
-            q, s = back[start:stop], scales[start:stop]
+            stored_columns = columns[:, :stop - start]
+            stored_columns.copy_(back[start:stop].t())
+            q, s = block[:stop - start].copy_(stored_columns.t()), scales[start:stop]
             result.values += q.numel()
             subset = None
             if in_range and bool(fast[start:stop].all()):
