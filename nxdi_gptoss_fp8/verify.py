@@ -56,7 +56,7 @@ SLACK = 1.0 + 2.0**-16
 MAX_PROBLEMS = 20
 LANES = 2
 _CHUNK_VALUES = 1 << 17  # values compared at a time: the pieces stay in cache
-_TILE_ROWS = 64  # rows compared at a time are a multiple of this
+_TILE_ROWS = 128  # rows compared at a time are a multiple of this (the transpose back is cheaper in wide blocks)
 
 
 @dataclass
