@@ -44,7 +44,7 @@ from .errors import FailedReportError, IntegrityError, LoadError, ReportBindingE
 from .findings import PreflightReport
 from .hashing import hash_buffers
 from .integrity import DIGESTS_KEY
-from .nxdi_config import config_attr, neuron_config_view
+from .nxdi_config import config_attr, neuron_config_view, parse_load_mode, parse_verify_at_load
 from .safetensors_header import PREFIX_SIZE, FileIdentity, SafetensorsHeader
 
 logger = logging.getLogger(__name__)
@@ -135,10 +135,6 @@ class RuntimeOptions:
         return self.lm_head_pad and vocab_size % multiple != 0
 
 
-_ON = {"1", "true", "yes", "on"}
-_OFF = {"", "0", "false", "no", "off"}
-
-
 @dataclass(frozen=True)
 class LoadPolicy:
     """How the shard bytes reach NxDI: mapped (the default) or read into private memory, and
@@ -176,19 +172,17 @@ class LoadPolicy:
 
 
 def _switch(value: Any, source: str) -> bool:
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _ON | _OFF:
-        return value.strip().lower() in _ON
-    raise LoadError(f"{source}={value!r} is not on or off: set it to 1 (verify shard_sha256 at load) or 0")
+    try:
+        return parse_verify_at_load(value)
+    except ValueError as exc:
+        raise LoadError(f"{source}={value!r} {exc}") from None
 
 
 def _mode(value: Any, source: str) -> str | None:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    if isinstance(value, str) and value.strip().lower() in fmt.LOAD_MODES:
-        return value.strip().lower()
-    raise LoadError(f"{source}={value!r} is not a load mode: set it to one of {', '.join(fmt.LOAD_MODES)}")
+    try:
+        return parse_load_mode(value)
+    except ValueError as exc:
+        raise LoadError(f"{source}={value!r} {exc}") from None
 
 
 @dataclass
@@ -526,7 +520,6 @@ def load_checkpoint(
     """
     if allow_custom_model is None:
         allow_custom_model = allow_custom_from_env()
-    policy = policy if policy is not None else LoadPolicy.resolve(config)
     if report is None:
         nc = neuron_config_view(config) if config is not None else None
         inference_config = config if config is not None and nc is not config else None
@@ -534,6 +527,8 @@ def load_checkpoint(
                            allow_custom_model=allow_custom_model)
         report.raise_if_failed()
     binding = check_report(path, report, config, allow_custom_model)
+    # after the preflight, which reports a bad neuron_config load option as a finding
+    policy = policy if policy is not None else LoadPolicy.resolve(config)
     view = report.view
     if view is None or view.layout is None:
         raise LoadError(f"{path}: the preflight report holds no parsed checkpoint to load")

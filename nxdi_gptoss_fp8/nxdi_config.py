@@ -202,6 +202,34 @@ def unknown_key_problems(nc: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
+_SWITCH_ON = frozenset({"1", "true", "yes", "on"})
+_SWITCH_OFF = frozenset({"", "0", "false", "no", "off"})
+
+
+def parse_verify_at_load(value: Any) -> bool:
+    """The verify-at-load switch from an environment or ``neuron_config`` value (None: off).
+
+    Raises ``ValueError`` (saying what is accepted) for anything but a bool or an on/off word.
+    """
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _SWITCH_ON | _SWITCH_OFF:
+        return value.strip().lower() in _SWITCH_ON
+    raise ValueError("is not on or off: set it to 1 (verify shard_sha256 at load) or 0")
+
+
+def parse_load_mode(value: Any) -> str | None:
+    """The load mode from an environment or ``neuron_config`` value (None or empty: not set).
+
+    Raises ``ValueError`` (naming the modes) for anything else.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str) and value.strip().lower() in fmt.LOAD_MODES:
+        return value.strip().lower()
+    raise ValueError(f"is not a load mode: set it to one of {', '.join(fmt.LOAD_MODES)}")
+
+
 def neuron_config_problems(nc: Any, *, dims: fmt.ModelDims | None, layout: fmt.Layout | None,
                            stored_padding: Mapping[str, Any]) -> list[Problem]:
     """The ``neuron_config`` rules (docs/format.md) for a NeuronConfig object or its JSON mapping.
@@ -243,6 +271,12 @@ def neuron_config_problems(nc: Any, *, dims: fmt.ModelDims | None, layout: fmt.L
         wanted = raw or base
         if base is not None and bounded_int(stored) is not None and wanted != stored:
             add("padding_mismatch", f"{attr} is {wanted} at runtime but the checkpoint was written for {stored}: set {attr}={stored} or re-convert with --{attr.replace('_', '-')} {wanted}", attr)
+    for attr, parse in ((fmt.VERIFY_AT_LOAD_ATTR, parse_verify_at_load), (fmt.LOAD_MODE_ATTR, parse_load_mode)):
+        value = config_attr(nc, attr)
+        try:
+            parse(value)
+        except ValueError as exc:
+            add("bad_load_option", f"{attr} is {describe(value)}: it {exc}", attr)
     problems.extend(_exclusion_problems(nc, dims))
     degrees = {}
     for attr in ("tp_degree", "moe_ep_degree", "moe_tp_degree"):

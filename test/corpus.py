@@ -1459,6 +1459,8 @@ _padding_case("deep_nonzero_router_padding_column", "layers.0.feed_forward.moe.r
 _padding_case("deep_nonzero_norm_padding", "norm.weight", 2 * 70)
 _neuron_case("nc_modules_to_not_convert_as_string", "bad_modules_to_not_convert", modules_to_not_convert="self_attn,lm_head")
 _neuron_case("nc_tp_degree_as_string", "bad_degree", tp_degree="2")
+_neuron_case("nc_load_mode_unknown", "bad_load_option", normalized_fp8_load_mode="mapped")
+_neuron_case("nc_verify_at_load_not_a_switch", "bad_load_option", normalized_fp8_verify_at_load="sometimes")
 
 
 @case("nc_quantization_type_absent", "neuron_config", code="neuron_config.wrong_quantization_type")
