@@ -12,8 +12,7 @@ import torch
 
 from . import format as fmt
 from .quant import quantize_expertwise
-from .tiny_stdlib import TINY_DIMS, TINY_MAX_SHARD_SIZE
-from .writer import CheckpointWriter
+from .tiny_stdlib import TINY_DIMS, TINY_MAX_SHARD_SIZE, tiny_layout, write_tiny
 
 __all__ = ["TINY_DIMS", "TINY_MAX_SHARD_SIZE", "make_tiny", "tiny_tensors"]
 
@@ -73,15 +72,6 @@ def make_tiny(
 ) -> str:
     """Write a valid tiny normalized checkpoint to ``out`` (custom profile unless the
     dimensions are a published profile's); returns the directory."""
-    layout = fmt.Layout(dims, padded_hidden_size or dims.hidden_size, padded_intermediate_size or dims.intermediate_size)
-    problems = layout.padding_problems()
-    if problems:
-        raise ValueError("; ".join(problems))
-    tensors = tiny_tensors(layout, seed=seed)
-    profile = fmt.profile_for_dims(dims)
-    source = {"generator": "nxdi-gptoss-fp8 make-tiny", "seed": seed}
-    with CheckpointWriter(out, layout, profile, fmt.hf_config(dims), max_shard_size=max_shard_size,
-                          source=source, overwrite=overwrite) as writer:
-        for name, tensor in tensors.items():
-            writer.put(name, tensor)
-        return writer.commit()
+    layout = tiny_layout(dims, padded_hidden_size, padded_intermediate_size)
+    return write_tiny(out, layout, tiny_tensors(layout, seed=seed).items(), generator="nxdi-gptoss-fp8 make-tiny",
+                      seed=seed, max_shard_size=max_shard_size, overwrite=overwrite)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import random
 import struct
+from collections.abc import Iterable
+from typing import Any
 
 from . import format as fmt
 from .deep_scan import padding_region
@@ -53,6 +55,28 @@ def tensor_bytes(spec: fmt.TensorSpec, layout: fmt.Layout, rng: random.Random) -
     return bytes(out)
 
 
+def tiny_layout(dims: fmt.ModelDims, padded_hidden_size: int | None, padded_intermediate_size: int | None) -> fmt.Layout:
+    """The layout of a tiny checkpoint (unpadded where no padded size is given); ``ValueError``
+    naming the problem when a padded size is smaller or not a multiple of 32 larger."""
+    layout = fmt.Layout(dims, padded_hidden_size or dims.hidden_size, padded_intermediate_size or dims.intermediate_size)
+    problems = layout.padding_problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    return layout
+
+
+def write_tiny(out: str | os.PathLike[str], layout: fmt.Layout, tensors: Iterable[tuple[str, Any]], *,
+               generator: str, seed: int, max_shard_size: int, overwrite: bool) -> str:
+    """Write ``tensors`` (every name of the namespace, with data the writer accepts) as a
+    checkpoint of ``layout`` at ``out``, with provenance; returns the directory."""
+    source = {"generator": generator, "seed": seed}
+    with CheckpointWriter(out, layout, fmt.profile_for_dims(layout.dims), fmt.hf_config(layout.dims),
+                          max_shard_size=max_shard_size, source=source, overwrite=overwrite) as writer:
+        for name, data in tensors:
+            writer.put(name, data)
+        return writer.commit()
+
+
 def make_tiny_stdlib(
     out: str | os.PathLike[str],
     *,
@@ -64,14 +88,8 @@ def make_tiny_stdlib(
     overwrite: bool = False,
 ) -> str:
     """Write a valid tiny normalized checkpoint to ``out`` without torch; returns the directory."""
-    layout = fmt.Layout(dims, padded_hidden_size or dims.hidden_size, padded_intermediate_size or dims.intermediate_size)
-    problems = layout.padding_problems()
-    if problems:
-        raise ValueError("; ".join(problems))
+    layout = tiny_layout(dims, padded_hidden_size, padded_intermediate_size)
     rng = random.Random(seed)
-    source = {"generator": "nxdi-gptoss-fp8 (standard library)", "seed": seed}
-    with CheckpointWriter(out, layout, fmt.profile_for_dims(dims), fmt.hf_config(dims), max_shard_size=max_shard_size,
-                          source=source, overwrite=overwrite) as writer:
-        for name, spec in fmt.expected_namespace(layout).items():
-            writer.put(name, tensor_bytes(spec, layout, rng))
-        return writer.commit()
+    tensors = ((name, tensor_bytes(spec, layout, rng)) for name, spec in fmt.expected_namespace(layout).items())
+    return write_tiny(out, layout, tensors, generator="nxdi-gptoss-fp8 (standard library)", seed=seed,
+                      max_shard_size=max_shard_size, overwrite=overwrite)
