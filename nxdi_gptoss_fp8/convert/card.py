@@ -35,12 +35,28 @@ _FRONT_MATTER_LICENSE = re.compile(r"""^license:\s*(?P<q>["']?)(?P<value>[^"'#\s
 SOURCE_FORMATS = {"hf-mxfp4": "HF MXFP4", "hf-bf16": "HF BF16", "compressed-tensors-fp8": "compressed-tensors FP8"}
 
 
+def _printable(code: int) -> bool:
+    """YAML 1.1's printable set, less tab, line breaks and NEL (those are escaped too)."""
+    return 0x20 <= code <= 0x7E or 0xA0 <= code <= 0xD7FF or 0xE000 <= code <= 0xFFFD or 0x10000 <= code <= 0x10FFFF
+
+
 def _scalar(value: Any) -> str:
+    """A YAML scalar: booleans and integers as themselves, anything else a double-quoted string
+    with every character outside the printable set escaped."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
-    return json.dumps(str(value), ensure_ascii=False)
+    out = []
+    for char in str(value):
+        code = ord(char)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif _printable(code):
+            out.append(char)
+        else:
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
 
 
 def front_matter(fields: Mapping[str, Any]) -> str:
@@ -49,7 +65,9 @@ def front_matter(fields: Mapping[str, Any]) -> str:
     for key, value in fields.items():
         if value is None:
             continue
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple)) and not value:
+            lines.append(f"{key}: []")
+        elif isinstance(value, (list, tuple)):
             lines.append(f"{key}:")
             lines += [f"- {_scalar(item)}" for item in value]
         else:
