@@ -214,3 +214,12 @@ def test_register_itself_warns_for_an_unverified_nxdi(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "NxDI 0.10.18399" in warnings[0] and "expected to work" in warnings[0]
     assert nxdi_hook.is_registered()
+
+
+def test_the_readme_states_the_same_window_and_matrix() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Supported environments"):readme.index("## Why")]
+    first_paragraph = " ".join(section.split("\n\n")[1].split())
+    assert first_paragraph == support.SUPPORT_WINDOW + "."
+    for rule in support.MATRIX:
+        assert f"| {rule.component}" in section, rule.component
