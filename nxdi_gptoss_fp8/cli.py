@@ -245,7 +245,6 @@ def _cmd_env(args: argparse.Namespace) -> int:
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
     from .errors import CpuModelError
     from .selfcheck import selfcheck, to_json
-    from .support import environment_report
 
     if args.tp < 1:
         raise UsageError(f"--tp must be at least 1, not {args.tp}")
@@ -253,9 +252,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     try:
         report = selfcheck(tp=args.tp)
     except CpuModelError as exc:  # NxDI missing or its run failed: the check cannot run
-        if not args.json:  # where this host stands, before the one-line reason
-            print(environment_report().render_text(), file=sys.stderr)
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{exc} (`nxdi-gptoss-fp8 env` says where this host stands)") from None
     print(to_json(report) if args.json else report.render_text())
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
