@@ -223,3 +223,14 @@ def test_the_readme_states_the_same_window_and_matrix() -> None:
     assert first_paragraph == support.SUPPORT_WINDOW + "."
     for rule in support.MATRIX:
         assert f"| {rule.component}" in section, rule.component
+
+
+def test_selfcheck_prints_the_same_header(tmp_path: Path) -> None:
+    from nxdi_gptoss_fp8.selfcheck import SelfcheckReport
+
+    header = support.environment_report(site_with(tmp_path, SDK_229), python_version="3.11.7")
+    model = {"layers": 2, "experts": 3, "top_k": 2, "hidden_size": 64, "intermediate_size": 96, "vocab_size": 40,
+             "tokens": 12, "context": 6}
+    report = SelfcheckReport(1, {"version": "0", "path": "/p", "files_sha256": "0" * 64}, {}, model, support=header)
+    assert report.render_text().startswith(header.render_text() + "\nnxdi-gptoss-fp8 selfcheck (tp 1)")
+    assert report.to_dict()["support"] == header.to_dict()
