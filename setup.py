@@ -37,6 +37,8 @@ setup(
             "pytest>=7.4", "hypothesis>=6.80", "ruff>=0.4", "huggingface_hub>=0.20",
             # imported by NxDI's own modules in the nxdi tests (NXDI_SRC); NxDI pins 4.57.*
             "transformers>=4.55,<5",
+            # the model card's front matter is read back with a YAML parser
+            "pyyaml>=5.1",
         ],
     },
     entry_points={

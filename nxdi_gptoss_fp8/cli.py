@@ -234,6 +234,14 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
 
+def _cmd_env(args: argparse.Namespace) -> int:
+    from .support import environment_report
+
+    report = environment_report()
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
+    return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
     from .errors import CpuModelError
     from .selfcheck import selfcheck, to_json
@@ -244,7 +252,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     try:
         report = selfcheck(tp=args.tp)
     except CpuModelError as exc:  # NxDI missing or its run failed: the check cannot run
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{exc} (`nxdi-gptoss-fp8 env` says where this host stands)") from None
     print(to_json(report) if args.json else report.render_text())
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
@@ -433,6 +441,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_split_option(verify_conversion)
     verify_conversion.add_argument("--json", action="store_true", help="print the report as JSON")
     verify_conversion.set_defaults(handler=_cmd_verify_conversion)
+
+    env = commands.add_parser(
+        "env", help="which Python, torch, transformers, NxDI, NxD, Neuron and vLLM packages are installed, and "
+                    "whether each is in the tested matrix (any host)",
+        description="Read the installed versions from package metadata (nothing heavy is imported) and place each "
+                    "in this package's tested matrix: verified (what the nxdi tests and selfcheck ran against), "
+                    "expected to work (the same API line; register() checks the signatures it wraps), unsupported "
+                    "(with the reason and the way forward) or not installed. Also tells which vLLM Neuron plugin is "
+                    "installed (the NxDI-backed one, or the newer one that does not use NxDI) and states the NxDI "
+                    "support window. Exit 0, or 1 when an installed component is unsupported.",
+    )
+    env.add_argument("--json", action="store_true", help="print the report as JSON")
+    env.set_defaults(handler=_cmd_env)
 
     selfcheck = commands.add_parser(
         "selfcheck", help="run NxDI's real GPT-OSS on the CPU from a tiny checkpoint three ways and compare (needs NxDI)",

@@ -33,7 +33,8 @@ COMPANION_FILES = (
     "added_tokens.json",
 )
 SINGLE_FILE = "model.safetensors"
-METADATA_FILES = (fmt.CONFIG_FILE, fmt.INDEX_FILE, *COMPANION_FILES)
+SOURCE_CARD = "README.md"  # read for its license (the output gets its own card), never copied
+METADATA_FILES = (fmt.CONFIG_FILE, fmt.INDEX_FILE, SOURCE_CARD, *COMPANION_FILES)
 NEVER_FETCHED = ("original/*", "metal/*")
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")

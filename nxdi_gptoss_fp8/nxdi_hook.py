@@ -402,6 +402,9 @@ def register() -> None:
     """
     owners = _targets()
     if not is_registered():
+        from .support import warn_unverified_nxdi
+
+        warn_unverified_nxdi(logger, sys.modules.get(NXDI_PACKAGE))  # once per process, outside the verified set
         problems = _problems(owners)
         conflict = _model_types_entry(owners["app"])
         if conflict:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import __version__
+from .support import EnvironmentReport, environment_report
 
 TRANSFORMERS_TOLERANCE = 1e-5
 TOKENS, STEPS = 12, 6
@@ -51,6 +52,7 @@ class SelfcheckReport:
     comparisons: list[Comparison] = field(default_factory=list)
     conversion_exact: bool = False
     elapsed_s: float = 0.0
+    support: EnvironmentReport | None = None  # the `env` header: where this host stands in the tested matrix
 
     @property
     def ok(self) -> bool:
@@ -59,11 +61,13 @@ class SelfcheckReport:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "tp": self.tp, "package": self.package, "environment": self.environment,
                 "model": self.model, "conversion_exact": self.conversion_exact,
-                "comparisons": [asdict(c) for c in self.comparisons], "elapsed_s": round(self.elapsed_s, 2)}
+                "comparisons": [asdict(c) for c in self.comparisons], "elapsed_s": round(self.elapsed_s, 2),
+                "support": self.support.to_dict() if self.support is not None else None}
 
     def render_text(self) -> str:
         names = {"neuronx_distributed_inference": "NxDI", "neuronx_distributed": "NxD"}
-        lines = [f"nxdi-gptoss-fp8 selfcheck (tp {self.tp})",
+        header = [self.support.render_text()] if self.support is not None else []
+        lines = [*header, f"nxdi-gptoss-fp8 selfcheck (tp {self.tp})",
                  f"  package       {self.package['version']} at {self.package['path']} (files sha256 {self.package['files_sha256'][:16]})"]
         for module, info in self.environment.items():
             lines.append(f"  {names.get(module, module):<13} {info['version']} at {info['path']}")
@@ -131,7 +135,7 @@ def selfcheck(tp: int = 1) -> SelfcheckReport:
     model = {"layers": dims.num_hidden_layers, "experts": dims.num_local_experts, "top_k": dims.num_experts_per_tok,
              "hidden_size": dims.hidden_size, "intermediate_size": dims.intermediate_size,
              "vocab_size": dims.vocab_size, "tokens": len(plan.tokens), "context": plan.context}
-    report = SelfcheckReport(tp, package_identity(), cpu_model.environment(), model)
+    report = SelfcheckReport(tp, package_identity(), cpu_model.environment(), model, support=environment_report())
     with tempfile.TemporaryDirectory(prefix="nxdi-gptoss-fp8-selfcheck-") as work:
         hf = str(make_source(os.path.join(work, "hf"), SOURCE_MXFP4, dims=dims, original=False))
         normalized = os.path.join(work, "normalized")

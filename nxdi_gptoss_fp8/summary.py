@@ -5,6 +5,7 @@ preflight run that ``validate`` uses, with the first findings when it is invalid
 from __future__ import annotations
 
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,63 @@ class ShardSummary:
     tensor_bytes: int
 
 
+# the files beside the weights, in groups: (what, file names, need). Any one file of a group is enough;
+# the chat template may also live in tokenizer_config.json's "chat_template".
+COMPANIONS = (
+    ("tokenizer", ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"),
+     "required: a server (vLLM, NxDI's demo) loads the tokenizer from the model directory"),
+    ("chat template", ("chat_template.jinja", "chat_template.json"),
+     "required for chat requests (vLLM's /v1/chat/completions): GPT-OSS expects its harmony template"),
+    ("generation config", ("generation_config.json",),
+     "recommended: stop tokens and sampling defaults (the end-of-turn tokens of the chat format)"),
+    ("model card", ("README.md",), "not needed to serve: what the Hub shows (written by convert)"),
+)
+
+
+@dataclass
+class Companion:
+    """One group of companion files: which of its files are present, and whether a server needs it."""
+
+    what: str
+    present: list[str]
+    need: str
+
+    @property
+    def required(self) -> bool:
+        return self.need.startswith("required")
+
+
+def companion_files(root: str | os.PathLike[str]) -> list[Companion]:
+    """Which tokenizer, chat-template, generation-config and card files ``root`` holds (regular files only)."""
+    directory = os.fspath(root)
+
+    def regular(name: str) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(os.path.join(directory, name)).st_mode)
+        except OSError:
+            return False
+
+    found = []
+    for what, names, need in COMPANIONS:
+        present = [name for name in names if regular(name)]
+        if what == "chat template" and not present and _has_chat_template(os.path.join(directory, "tokenizer_config.json")):
+            present = ["tokenizer_config.json (chat_template)"]
+        found.append(Companion(what, present, need))
+    return found
+
+
+def _has_chat_template(path: str) -> bool:
+    from .files import open_regular
+    from .strict_json import parse_json_strict
+
+    try:
+        with open_regular(path) as handle:
+            document = parse_json_strict(handle.read(8 << 20).decode("utf-8"), what="tokenizer_config.json")
+    except Exception:  # absent, not a regular file, not JSON: no template there
+        return False
+    return isinstance(document, dict) and isinstance(document.get("chat_template"), (str, list))
+
+
 @dataclass
 class CheckpointSummary:
     report: PreflightReport
@@ -33,9 +91,11 @@ class CheckpointSummary:
     tensors_by_dtype: dict[str, int] = field(default_factory=dict)
     dims: dict[str, int] | None = None
     padding: dict[str, list[int]] | None = None
+    companions: list[Companion] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "companions": [{**vars(c), "required": c.required} for c in self.companions],
             "path": self.report.path,
             "ok": self.report.ok,
             "profile": self.report.profile,
@@ -63,6 +123,11 @@ class CheckpointSummary:
         lines.append(f"tensors     {sum(self.tensors_by_dtype.values())}")
         for dtype, size in sorted(self.bytes_by_dtype.items(), key=lambda item: -item[1]):
             lines.append(f"  {dtype:<8} {self.tensors_by_dtype[dtype]:>6} tensors {_human(size):>11}")
+        if self.companions:
+            lines.append("companions")
+            for c in self.companions:
+                state = ", ".join(c.present) if c.present else ("MISSING" if c.required else "absent")
+                lines.append(f"  {c.what:<18} {state}  ({c.need})")
         lines.append(f"verdict     {'VALID' if self.report.ok else 'INVALID'}")
         if not self.report.ok:
             lines.extend(self.report.render_text(limit=INSPECT_FINDINGS_LIMIT).split("\n"))
@@ -91,6 +156,7 @@ def inspect_checkpoint(path: str | os.PathLike[str], *, allow_custom_model: bool
             by_bytes[info.dtype] += info.nbytes
             by_count[info.dtype] += 1
     summary.bytes_by_dtype, summary.tensors_by_dtype = dict(by_bytes), dict(by_count)
+    summary.companions = companion_files(path)
     if view.dims is not None:
         summary.dims = view.dims.as_dict()
     if view.layout is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 
-from . import nxdi_hook
+from . import nxdi_hook, support
 from .errors import RegistrationError
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,16 @@ def _asked_for_us() -> str | None:
     if value.strip().lower() == nxdi_hook.NORMALIZED_FP8 or nxdi_hook.is_near_miss(value):
         return value
     return None
+
+
+def _without_nxdi() -> str:
+    """On a host without NxDI: what normalized FP8 needs and what to serve instead (one line)."""
+    if nxdi_hook.nxdi_available():
+        return ""
+    kind = support.vllm_neuron_kind()
+    here = (f" (installed here: {kind.distribution} {kind.version}, the plugin that does not use NxDI)"
+            if kind.kind == support.WITHOUT_NXDI_KIND else "")
+    return f". NxDI is not installed{here}: {support.WITHOUT_NXDI}"
 
 
 def register_plugin() -> None:
@@ -49,7 +59,7 @@ def register_plugin() -> None:
         if wanted is not None:
             raise RegistrationError(
                 f"{nxdi_hook.ENV_VAR}={wanted!r} asks for the normalized FP8 hook, which could not be "
-                f"installed: {reason}"
+                f"installed: {reason}{_without_nxdi()}"
             ) from exc
         logger.warning(
             "nxdi-gptoss-fp8: the normalized FP8 hook was not installed (%s: %s); %s does not ask for it, "

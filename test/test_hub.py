@@ -74,7 +74,7 @@ def test_fetches_config_and_index_first_then_only_the_listed_shards(tmp_path: Pa
     assert resolved.from_hub and resolved.commit == COMMIT and resolved.path == str(tmp_path / "cache" / COMMIT)
     first, second = fake.calls
     assert first["revision"] is None and second["revision"] == COMMIT  # pinned to what the first resolved
-    assert set(first["allow"]) == {fmt.CONFIG_FILE, fmt.INDEX_FILE, *hub.COMPANION_FILES}
+    assert set(first["allow"]) == {fmt.CONFIG_FILE, fmt.INDEX_FILE, hub.SOURCE_CARD, *hub.COMPANION_FILES}
     shards = sorted(set(json.loads((repo / fmt.INDEX_FILE).read_text())["weight_map"].values()))
     assert set(second["allow"]) == set(first["allow"]) | set(shards)
     for call in fake.calls:
@@ -83,7 +83,7 @@ def test_fetches_config_and_index_first_then_only_the_listed_shards(tmp_path: Pa
             if path.startswith(("original/", "metal/")):
                 assert not any(fnmatch.fnmatch(path, p) for p in call["allow"]), path
     fetched = repo_files(Path(resolved.path))
-    assert fetched == sorted([fmt.CONFIG_FILE, fmt.INDEX_FILE, *shards, *COMPANIONS])
+    assert fetched == sorted([fmt.CONFIG_FILE, fmt.INDEX_FILE, hub.SOURCE_CARD, *shards, *COMPANIONS])
     assert resolved.provenance() == {"repo": REPO_ID, "revision": COMMIT}
     assert "Hub repo" in resolved.describe() and COMMIT in resolved.describe()
     assert hub.resolve_source(REPO_ID, revision="v1", download=fake).provenance()["requested_revision"] == "v1"

@@ -19,6 +19,7 @@ from typing import Any
 from .. import format as fmt
 from ..errors import ConversionError
 from ..writer import CheckpointWriter, parse_size
+from .card import write_model_card
 from .compressed_tensors import CompressedTensorsFp8
 from .hf_bf16 import HfBf16
 from .hf_mxfp4 import HfMxfp4
@@ -180,6 +181,7 @@ def convert(
         )
         assert writer.source is not None
         writer.source["exactness"] = report.exactness_summary()
+        write_model_card(writer, report, source)  # README.md, moved into place with the checkpoint
         bar.set_description("hashing shards")
         writer.commit()
     report.elapsed_s = time.perf_counter() - started

@@ -1,0 +1,233 @@
+"""The model card ``convert`` writes into OUT as ``README.md``, inside the atomic write.
+
+YAML front matter as the Hugging Face Hub reads it (``base_model`` with ``base_model_relation:
+quantized`` when the source repo is known, ``license`` carried from the source's card or config,
+``pipeline_tag``, ``tags``), then what the directory is, how it was made, how exact it is, the
+NeuronConfig that loads it (a JSON block to paste), how to validate it, and how to upload it with
+the Hub's own CLI. The front matter is written by a tiny emitter that double-quotes every string
+(a JSON string is a valid YAML double-quoted scalar), so no value can change the YAML's shape.
+A source's own README.md is never copied over the card. No timestamps: the card is reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .. import __version__
+from .. import format as fmt
+from ..errors import NotRegularFileError
+from ..files import open_regular
+from ..hub import is_repo_id
+from ..writer import CheckpointWriter
+from .output import ConversionReport
+from .source import Source
+
+CARD_FILE = "README.md"
+MAX_SOURCE_CARD_BYTES = 1 << 20
+TAGS = ("gpt-oss", "fp8", "neuron", "nxdi", "normalized-fp8", "nxdi-gptoss-fp8")
+PIPELINE_TAG = "text-generation"
+_LICENSE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+_FRONT_MATTER_LICENSE = re.compile(r"""^license:\s*(?P<q>["']?)(?P<value>[^"'#\s]+)(?P=q)\s*(?:#.*)?$""")
+SOURCE_FORMATS = {"hf-mxfp4": "HF MXFP4", "hf-bf16": "HF BF16", "compressed-tensors-fp8": "compressed-tensors FP8"}
+
+
+def _printable(code: int) -> bool:
+    """YAML 1.1's printable set, less tab, line breaks and NEL (those are escaped too)."""
+    return 0x20 <= code <= 0x7E or 0xA0 <= code <= 0xD7FF or 0xE000 <= code <= 0xFFFD or 0x10000 <= code <= 0x10FFFF
+
+
+def _scalar(value: Any) -> str:
+    """A YAML scalar: booleans and integers as themselves, anything else a double-quoted string
+    with every character outside the printable set escaped."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    out = []
+    for char in str(value):
+        code = ord(char)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif _printable(code):
+            out.append(char)
+        else:
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
+
+
+def front_matter(fields: Mapping[str, Any]) -> str:
+    """``---``-delimited YAML of scalars and lists of scalars (None values are left out)."""
+    lines = ["---"]
+    for key, value in fields.items():
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)) and not value:
+            lines.append(f"{key}: []")
+        elif isinstance(value, (list, tuple)):
+            lines.append(f"{key}:")
+            lines += [f"- {_scalar(item)}" for item in value]
+        else:
+            lines.append(f"{key}: {_scalar(value)}")
+    return "\n".join([*lines, "---"]) + "\n"
+
+
+def source_license(root: str, config: Mapping[str, Any]) -> str | None:
+    """The license id the source states: its card's front matter ``license:``, else config.json's
+    ``license``; None when neither states one as a plain id."""
+    try:
+        with open_regular(os.path.join(root, CARD_FILE)) as handle:
+            text = handle.read(MAX_SOURCE_CARD_BYTES).decode("utf-8", errors="replace")
+    except (OSError, NotRegularFileError):
+        text = ""
+    lines = text.splitlines()
+    if lines and lines[0].strip() == "---":
+        for line in lines[1:]:
+            if line.strip() == "---":
+                break
+            match = _FRONT_MATTER_LICENSE.match(line.rstrip())
+            if match and _LICENSE.match(match.group("value")):
+                return match.group("value")
+    value = config.get("license")
+    return value if isinstance(value, str) and _LICENSE.match(value) else None
+
+
+def loading_neuron_config(layout: fmt.Layout, path: str = "/path/to/this/directory") -> dict[str, Any]:
+    """The NeuronConfig attributes that load this checkpoint through the hook (``--neuron-config``)."""
+    return {
+        "quantized": True,
+        "quantized_checkpoints_path": path,
+        "quantization_type": fmt.QUANTIZATION_TYPE,
+        "quantization_dtype": fmt.QUANTIZATION_DTYPE,
+        "modules_to_not_convert": ["lm_head", "self_attn"],
+        "padded_hidden_size": layout.padded_hidden_size,
+        "padded_intermediate_size": layout.padded_intermediate_size,
+        "checkpoint_format": "normalized_fp8",
+    }
+
+
+def _tp_degrees(padded_intermediate: int) -> str:
+    return ", ".join(str(d) for d in (1, 2, 4, 8, 16, 32, 64) if padded_intermediate % d == 0)
+
+
+def _exactness(report: ConversionReport) -> str:
+    if report.requantized:
+        return (f"quantized afresh from BF16 with per-channel amax/240 scales: worst relative error "
+                f"{report.max_rel_error:.3g} over {report.fp8_values:,} expert values")
+    flushed = sum(s.flushed_to_zero for s in report.experts)
+    return (f"{report.fp8_values - report.inexact_values:,} of {report.fp8_values:,} expert values exact; "
+            f"{report.inexact_values:,} inexact ({flushed:,} flushed to zero), worst relative error "
+            f"{report.max_rel_error:.3g}")
+
+
+def render_card(report: ConversionReport, source: Source, layout: fmt.Layout, provenance: Mapping[str, Any],
+                companions: Sequence[str]) -> str:
+    """The card's text (front matter and body); it names no output path, so two conversions of one
+    source are byte-identical wherever they were written."""
+    repo = provenance.get("repo")
+    repo = repo if isinstance(repo, str) and is_repo_id(repo) else None
+    name = f"{repo.split('/')[1] if repo else report.profile}-normalized-fp8"
+    revision = provenance.get("revision") if repo else None
+    license_id = source_license(source.root, source.config)
+    fields: dict[str, Any] = {"base_model": repo, "base_model_relation": "quantized" if repo else None,
+                              "license": license_id, "pipeline_tag": PIPELINE_TAG, "tags": list(TAGS)}
+    source_text = f"`{repo}`" + (f" at commit `{revision}`" if revision else " (commit not recorded)") if repo \
+        else "a local directory (no Hub repo recorded)"
+    dims = layout.dims
+    padding = ", ".join(
+        f"{what} {base} → {padded}" + (f" (+{padded - base} zero rows/columns)" if padded != base else " (none)")
+        for what, base, padded in (("hidden", dims.hidden_size, layout.padded_hidden_size),
+                                   ("intermediate", dims.intermediate_size, layout.padded_intermediate_size)))
+    neuron_config = json.dumps(loading_neuron_config(layout), indent=2)
+    verify_source = repo or "SRC"
+    verify = f"nxdi-gptoss-fp8 verify-conversion . --source {verify_source}" + (f" --revision {revision}" if revision else "")
+    companions_text = ", ".join(f"`{c}`" for c in companions) if companions else "none (add the source's tokenizer before serving)"
+    body = f"""
+# {name}: normalized static FP8 for AWS NeuronX Distributed Inference
+
+GPT-OSS ({report.profile}, {report.layers} layers) with FP8 E4M3 experts (±{fmt.FP8_MAX:g}, one scale per
+expert and output channel) and every other tensor in BF16, already in NxDI's namespace and
+layout. It loads through the `CHECKPOINT_FORMAT=normalized_fp8` hook of
+[nxdi-gptoss-fp8](https://github.com/nxdi-gptoss-fp8/nxdi-gptoss-fp8): a fail-closed preflight,
+then zero-copy loading, with no conversion at load time.
+
+| | |
+|---|---|
+| format | `{fmt.FORMAT_NAME}` version {fmt.FORMAT_VERSION} ([docs/format.md](https://github.com/nxdi-gptoss-fp8/nxdi-gptoss-fp8/blob/main/docs/format.md)) |
+| source | {source_text}, {SOURCE_FORMATS.get(report.source_format, report.source_format)} |
+| converter | nxdi-gptoss-fp8 {__version__} (`nxdi-gptoss-fp8 convert`) |
+| padding | {padding} |
+| exactness | {_exactness(report)} |
+| tensors | {report.tensors:,} tensors, {report.bytes_written:,} bytes ({report.fp8_bytes:,} FP8) |
+| companion files | {companions_text} |
+
+## Load it with NxDI
+
+Needs NxDI, which Neuron SDK 2.31 and earlier images ship (the hook is verified against NxDI 0.9;
+`nxdi-gptoss-fp8 env` says where your host stands). Install nxdi-gptoss-fp8, call
+`nxdi_gptoss_fp8.register()` before NxDI loads weights (vLLM's NxDI-backed `vllm-neuron` does it
+through the package's plugin entry point), and give NxDI these NeuronConfig settings, with
+`quantized_checkpoints_path` set to where this directory is:
+
+```json
+{neuron_config}
+```
+
+`tp_degree` must divide the padded intermediate size {layout.padded_intermediate_size} ({_tp_degrees(layout.padded_intermediate_size)} do).
+
+## Validate it
+
+```bash
+nxdi-gptoss-fp8 validate . --neuron-config ../neuron_config.json   # headers and scales, seconds, any host
+{verify}   # value by value against the source
+```
+
+`validate` runs the same preflight the loader runs, with the settings above saved as
+`neuron_config.json` outside this directory (inside, it would look like a compiled NxDI model);
+`verify-conversion` re-reads this directory and its source one expert at a
+time (every non-expert tensor bit-exact, every FP8 value exact where E4M3 allows and within half
+an E4M3 step otherwise).
+
+## Upload it
+
+With the Hub's own CLI (`pip install -U huggingface_hub`, then `hf auth login`):
+
+```bash
+hf upload-large-folder YOUR-ORG/{name} . --repo-type=model
+```
+
+It uploads in resumable chunks: after an interruption, run the same command again.
+
+## Support window
+
+{_support_window()}
+"""
+    return front_matter(fields) + body
+
+
+def _support_window() -> str:
+    from ..support import SUPPORT_WINDOW
+
+    return SUPPORT_WINDOW + "."
+
+
+def write_model_card(writer: CheckpointWriter, report: ConversionReport, source: Source) -> str:
+    """Write ``README.md`` into the writer's temporary directory (it moves into place with the
+    checkpoint) and drop a source ``README.md`` from the files to copy: the card replaces it.
+    Returns the card's path in the temporary directory."""
+    assert writer.tmp is not None, "write_model_card() inside the writer's with-block"
+    writer.extra_files.pop(CARD_FILE, None)
+    companions = sorted(writer.extra_files)
+    text = render_card(report, source, writer.layout, writer.source or {}, companions)
+    path = os.path.join(writer.tmp, CARD_FILE)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return path
+
+
+__all__ = ["CARD_FILE", "front_matter", "loading_neuron_config", "render_card", "source_license", "write_model_card"]

@@ -1,0 +1,236 @@
+"""``env`` and the tested matrix, against fake installed distributions (``.dist-info`` folders in
+a temporary site directory, read through importlib.metadata exactly as an install would be)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import nxdi_standin
+import pytest
+
+from nxdi_gptoss_fp8 import cli, nxdi_hook, support, vllm_plugin
+from nxdi_gptoss_fp8.errors import RegistrationError
+
+# a Neuron SDK 2.29 host (the verified stack) with the NxDI-backed vLLM plugin
+SDK_229 = {"torch": "2.9.0", "transformers": "4.57.1", "neuronx-distributed-inference": "0.9.17334",
+           "neuronx-distributed": "0.18.26921", "torch-neuronx": "2.9.0.2.13.23887", "neuronx-cc": "2.24.5133.0",
+           "vllm": "0.13.0", "vllm-neuron": "0.5.0"}
+# a Neuron SDK 2.32 host: no NxDI, the newer plugin
+SDK_232 = {"torch": "2.9.0", "transformers": "4.57.1", "torch-neuronx": "2.9.0.2.15.32035",
+           "neuronx-cc": "2.27.5334.0", "vllm": "0.24.0", "vllm-neuron": "0.24.0.1.1.0+e8242a9"}
+
+
+def install(site: Path, name: str, version: str, *, requires: list[str] | None = None,
+            files: list[str] | None = None) -> None:
+    """A ``.dist-info`` folder as pip writes it: METADATA (and RECORD when ``files``)."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    lines += [f"Requires-Dist: {req}" for req in requires or []]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+    if files is not None:
+        (info / "RECORD").write_text("".join(f"{path},,\n" for path in [*files, f"{info.name}/METADATA"]))
+
+
+def site_with(tmp_path: Path, packages: dict[str, str]) -> list[str]:
+    site = tmp_path / "site"
+    site.mkdir(parents=True, exist_ok=True)
+    for name, version in packages.items():
+        install(site, name, version)
+    return [str(site)]
+
+
+def statuses(report: support.EnvironmentReport) -> dict[str, str]:
+    return {c.component: c.status for c in report.components}
+
+
+def test_the_verified_stack(tmp_path: Path) -> None:
+    path = site_with(tmp_path, {**SDK_229, "torch": "2.13.0+cpu", "transformers": "4.57.6"})
+    report = support.environment_report(path, python_version="3.11.7")
+    assert statuses(report) == {
+        "Python": support.VERIFIED, "torch": support.VERIFIED, "transformers": support.VERIFIED,
+        "NxDI": support.VERIFIED, "NxD": support.VERIFIED, "torch-neuronx": support.EXPECTED,
+        "neuronx-cc": support.EXPECTED, "vLLM": support.EXPECTED, "vLLM Neuron": support.EXPECTED,
+    }
+    assert report.ok and report.vllm_neuron.kind == support.NXDI_BACKED
+    assert report.component("NxDI").version == "0.9.17334"
+
+
+def test_a_sdk_232_host_is_told_why_and_what_to_do(tmp_path: Path) -> None:
+    report = support.environment_report(site_with(tmp_path, SDK_232), python_version="3.12.3")
+    found = statuses(report)
+    assert found["NxDI"] == found["NxD"] == support.ABSENT
+    assert found["vLLM Neuron"] == found["vLLM"] == support.UNSUPPORTED
+    assert found["Python"] == support.EXPECTED and found["torch"] == support.EXPECTED
+    assert report.vllm_neuron.kind == support.WITHOUT_NXDI_KIND and not report.ok
+    plugin = report.component("vLLM Neuron")
+    assert "does not use NxDI" in plugin.reason and "gpt-oss-120b" in plugin.forward and "2.31" in plugin.forward
+    text = report.render_text()
+    assert "0.24.0.1.1.0+e8242a9" in text and "way forward:" in text
+    assert text.splitlines()[-1] == support.SUPPORT_WINDOW
+
+
+@pytest.mark.parametrize(("packages", "component", "status", "words"), [
+    ({"neuronx-distributed-inference": "0.10.18399"}, "NxDI", support.EXPECTED, "no public source"),
+    ({"neuronx-distributed-inference": "0.8.16251"}, "NxDI", support.EXPECTED, "since 0.7"),
+    ({"neuronx-distributed-inference": "0.6.10598"}, "NxDI", support.UNSUPPORTED, "no GPT-OSS"),
+    ({"neuronx-distributed-inference": "0.9.0+4bcdc54.dev"}, "NxDI", support.VERIFIED, "0.9.0 source"),
+    ({"neuronx-distributed": "0.19.28492"}, "NxD", support.EXPECTED, "final 0.19.28492"),
+    ({"neuronx-distributed": "0.14.0"}, "NxD", support.UNSUPPORTED, "not an NxD release"),
+    ({"transformers": "5.0.0"}, "transformers", support.UNSUPPORTED, "expert layout"),
+    ({"transformers": "4.56.2"}, "transformers", support.EXPECTED, "4.55"),
+    ({"torch": "2.0.1"}, "torch", support.UNSUPPORTED, "2.1 or later"),
+    ({"torch-neuronx": "1.13.1.1.15.0"}, "torch-neuronx", support.UNSUPPORTED, "NxDI 0.7-0.10"),
+])
+def test_each_component_is_placed_in_the_matrix(tmp_path: Path, packages: dict[str, str], component: str,
+                                                status: str, words: str) -> None:
+    found = support.environment_report(site_with(tmp_path, packages), python_version="3.11.0").component(component)
+    assert (found.status, found.version) == (status, next(iter(packages.values())))
+    assert words in found.reason
+    assert bool(found.forward) == (status == support.UNSUPPORTED)  # a way forward exactly when unsupported
+
+
+@pytest.mark.parametrize(("python", "status"), [("3.11.9", support.VERIFIED), ("3.10.0", support.EXPECTED),
+                                                ("3.13.1", support.EXPECTED), ("3.9.18", support.UNSUPPORTED)])
+def test_python(tmp_path: Path, python: str, status: str) -> None:
+    assert support.environment_report([str(tmp_path)], python_version=python).component("Python").status == status
+
+
+@pytest.mark.parametrize(("version", "kwargs", "kind", "evidence"), [
+    ("0.5.0", {}, support.NXDI_BACKED, "0.x"),
+    ("0.2.2+lts", {}, support.NXDI_BACKED, "0.x"),
+    ("0.21.0.1.0.0+794754d", {}, support.WITHOUT_NXDI_KIND, "vLLM's followed by the plugin's"),
+    ("0.29.0.1.2.0", {}, support.WITHOUT_NXDI_KIND, "vLLM's followed by the plugin's"),
+    ("1.0.0", {}, support.WITHOUT_NXDI_KIND, "vLLM's followed by the plugin's"),
+    # metadata wins over the version
+    ("0.29.0.1.2.0", {"requires": ["neuronx-distributed-inference>=0.10"]}, support.NXDI_BACKED, "Requires-Dist"),
+    ("0.9", {"files": [support.NXDI_BACKED_FILE]}, support.NXDI_BACKED, "files include"),
+    ("0.9", {"files": [support.WITHOUT_NXDI_FILE]}, support.WITHOUT_NXDI_KIND, "own models"),
+    ("0.3.0.1", {}, support.UNKNOWN_KIND, "neither"),
+])
+def test_vllm_neuron_kind(tmp_path: Path, version: str, kwargs: dict[str, list[str]], kind: str, evidence: str) -> None:
+    install(tmp_path, "vllm-neuron", version, **kwargs)
+    found = support.vllm_neuron_kind([str(tmp_path)])
+    assert (found.kind, found.distribution, found.version) == (kind, "vllm-neuron", version)
+    assert evidence in found.evidence
+
+
+def test_a_vllm_built_for_neuron_is_nxdi_backed(tmp_path: Path) -> None:
+    install(tmp_path, "vllm", "0.9.0+neuron225")
+    report = support.environment_report([str(tmp_path)], python_version="3.11.0")
+    assert report.vllm_neuron.kind == support.NXDI_BACKED
+    assert report.component("vLLM").status == support.EXPECTED and "own Neuron worker" in report.component("vLLM").reason
+
+
+def test_a_plain_vllm_has_no_neuron_platform(tmp_path: Path) -> None:
+    install(tmp_path, "vllm", "0.24.0")
+    vllm = support.environment_report([str(tmp_path)], python_version="3.11.0").component("vLLM")
+    assert vllm.status == support.UNSUPPORTED and "no Neuron platform" in vllm.reason
+
+
+@pytest.mark.parametrize(("version", "specs", "expected"), [
+    ("2.13.0+cpu", ["==2.13.0"], True), ("2.13.1", ["==2.13.0"], False), ("0.9.17334", ["==0.9.*"], True),
+    ("0.10.18399", ["==0.9.*"], False), ("4.57.6", [">=4.55,<5"], True), ("5.0.0rc1", [">=4.55,<5"], False),
+    ("2", [">=2,<3"], True), ("garbage", [">=0"], False), ("0.19.28492", [">=0.16,<0.20"], True),
+])
+def test_version_specs(version: str, specs: list[str], expected: bool) -> None:
+    assert support.matches(version, specs) is expected
+
+
+def test_env_cli_text_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    path = site_with(tmp_path, SDK_232)
+    monkeypatch.setattr(sys, "path", path)
+    assert cli.main(["env"]) == cli.EXIT_FINDINGS  # the newer plugin is unsupported for normalized FP8
+    text = capsys.readouterr().out
+    assert "vLLM Neuron (vllm-neuron)" in text and support.SUPPORT_WINDOW in text
+    assert cli.main(["env", "--json"]) == cli.EXIT_FINDINGS
+    document = json.loads(capsys.readouterr().out)
+    assert document["ok"] is False and document["vllm_neuron"]["kind"] == support.WITHOUT_NXDI_KIND
+    assert {c["component"]: c["version"] for c in document["components"]}["vLLM Neuron"] == "0.24.0.1.1.0+e8242a9"
+    monkeypatch.setattr(sys, "path", site_with(tmp_path / "229", SDK_229))
+    assert cli.main(["env"]) == cli.EXIT_OK
+
+
+def test_env_imports_nothing_it_reports_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "path", site_with(tmp_path, SDK_229) + sys.path)
+    before = set(sys.modules)
+    support.environment_report()
+    assert not {m for m in set(sys.modules) - before
+                if m.split(".")[0] in ("torch", "transformers", "vllm", "vllm_neuron", nxdi_hook.NXDI_PACKAGE)}
+
+
+def test_vllm_refusal_without_nxdi_says_what_to_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install(tmp_path, "vllm-neuron", "0.24.0.1.1.0+e8242a9")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: False)
+    monkeypatch.setattr(nxdi_hook, "MODELING_MODULE", "nxdi_gptoss_fp8_no_such_module.modeling")
+    with pytest.raises(RegistrationError) as caught:
+        vllm_plugin.register_plugin()
+    message = str(caught.value)
+    assert "\n" not in message and "NxDI-backed stack" in message and "2.31" in message
+    assert "vllm serve openai/gpt-oss-120b" in message and "vllm-neuron 0.24.0.1.1.0+e8242a9" in message
+
+
+@pytest.mark.parametrize(("version", "warned"), [("0.10.18399", True), ("0.9.17334", False), ("0.6.0", True)])
+def test_register_warns_once_outside_the_verified_nxdi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, version: str, warned: bool,
+) -> None:
+    install(tmp_path, support.NXDI_DISTRIBUTION, version)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.setattr(support, "_WARNED", set())
+    logger = logging.getLogger("nxdi_gptoss_fp8.nxdi_hook")
+    with caplog.at_level(logging.WARNING, logger="nxdi_gptoss_fp8"):
+        support.warn_unverified_nxdi(logger)
+        support.warn_unverified_nxdi(logger)
+    records = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(records) == (1 if warned else 0)
+    if warned:
+        assert version in records[0].getMessage() and "outside the verified set" in records[0].getMessage()
+
+
+@pytest.fixture
+def nxdi(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """The stand-in NxDI modules under the real names; the hook is removed afterwards."""
+    monkeypatch.delenv(nxdi_hook.ENV_VAR, raising=False)
+    with nxdi_standin.installed() as modules:
+        yield modules
+
+
+def test_register_itself_warns_for_an_unverified_nxdi(
+    nxdi: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    install(tmp_path, support.NXDI_DISTRIBUTION, "0.10.18399")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.setattr(support, "_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="nxdi_gptoss_fp8"):
+        nxdi_hook.register()
+        nxdi_hook.unregister()
+        nxdi_hook.register()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "NxDI 0.10.18399" in warnings[0] and "expected to work" in warnings[0]
+    assert nxdi_hook.is_registered()
+
+
+def test_the_readme_states_the_same_window_and_matrix() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Supported environments"):readme.index("## Why")]
+    first_paragraph = " ".join(section.split("\n\n")[1].split())
+    assert first_paragraph == support.SUPPORT_WINDOW + "."
+    for rule in support.MATRIX:
+        assert f"| {rule.component}" in section, rule.component
+
+
+def test_selfcheck_prints_the_same_header(tmp_path: Path) -> None:
+    from nxdi_gptoss_fp8.selfcheck import SelfcheckReport
+
+    header = support.environment_report(site_with(tmp_path, SDK_229), python_version="3.11.7")
+    model = {"layers": 2, "experts": 3, "top_k": 2, "hidden_size": 64, "intermediate_size": 96, "vocab_size": 40,
+             "tokens": 12, "context": 6}
+    report = SelfcheckReport(1, {"version": "0", "path": "/p", "files_sha256": "0" * 64}, {}, model, support=header)
+    assert report.render_text().startswith(header.render_text() + "\nnxdi-gptoss-fp8 selfcheck (tp 1)")
+    assert report.to_dict()["support"] == header.to_dict()
