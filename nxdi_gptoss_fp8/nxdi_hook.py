@@ -214,7 +214,6 @@ _SHARD_SOURCES: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVa
 
 def _fingerprint_or_none(path: str) -> dict[str, Any] | None:
     """The source fingerprint taken before the preflight (None: unreadable, the preflight says why)."""
-    from .errors import IntegrityError
     from .sharded_manifest import source_fingerprint
 
     try:
@@ -226,7 +225,8 @@ def _fingerprint_or_none(path: str) -> dict[str, Any] | None:
 def _record_source(sources: list[Any], path: str, fingerprint: dict[str, Any] | None) -> None:
     from .sharded_manifest import Source, source_fingerprint
 
-    sources.append(Source(os.path.abspath(path), fingerprint if fingerprint is not None else source_fingerprint(path)))
+    if os.path.abspath(path) not in (source.path for source in sources):  # once per checkpoint
+        sources.append(Source(os.path.abspath(path), fingerprint if fingerprint is not None else source_fingerprint(path)))
 
 
 def _writes_shards(neuron_config: Any) -> bool:
@@ -295,14 +295,14 @@ def _wrap_load_weights(func: Callable[..., Any]) -> Callable[..., Any]:
         except TypeError:
             return func(self, *args, **kwargs)
         from .loader import LoadPolicy
-        from .sharded_manifest import ShardedWeightsError, changed_since, check_presharded
+        from .sharded_manifest import changed_since, check_presharded, refusal
 
         compiled = os.fspath(arguments["compiled_model_path"])
         ranks = _ranks(self.neuron_config, arguments.get("start_rank_id"), arguments.get("local_ranks_size"))
         verify = LoadPolicy.resolve(self.config).verify_digests
         check = check_presharded(compiled, ranks=ranks, config=self.config, verify=verify, progress=None)
         if not check.ok:
-            error = ShardedWeightsError(check)
+            error = refusal(check)
             logger.error("%s", error)
             raise error
         logger.info("pre-sharded weights of %s: ranks %d…%d match their manifest%s (%.1f ms)", compiled, ranks.start,

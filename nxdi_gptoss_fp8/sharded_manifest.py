@@ -36,7 +36,7 @@ from typing import Any
 
 from . import __version__
 from . import format as fmt
-from .errors import IntegrityError, NotRegularFileError
+from .errors import IntegrityError, NotRegularFileError, ShardedWeightsError
 from .files import open_regular
 from .findings import PreflightReport, Severity, printable
 from .hashing import hash_files
@@ -661,22 +661,15 @@ def changed_since(check: ShardedCheck) -> list[str]:
     return changes
 
 
-class ShardedWeightsError(IntegrityError):
-    """Pre-sharded weights refused before NxDI read them; ``check`` holds every finding."""
-
-    def __init__(self, check: ShardedCheck) -> None:
-        errors = check.report.errors
-        lines = [f"refusing the pre-sharded weights of {check.compiled_dir} ({plural(len(errors), 'problem')}); "
-                 "nothing was handed to NxDI:"]
-        lines.extend(f"  {finding.render()}" for finding in errors[:20])
-        if len(errors) > 20:
-            lines.append(f"  ... and {len(errors) - 20} more (nxdi-gptoss-fp8 validate {check.compiled_dir} lists them)")
-        super().__init__("\n".join(lines))
-        self.check = check
-
-    @property
-    def codes(self) -> list[str]:
-        return [finding.code for finding in self.check.report.errors]
+def refusal(check: ShardedCheck) -> ShardedWeightsError:
+    """The error the hook raises for a failed check: the compiled directory, then every error."""
+    errors = check.report.errors
+    lines = [f"refusing the pre-sharded weights of {check.compiled_dir} ({plural(len(errors), 'problem')}); "
+             "nothing was handed to NxDI:"]
+    lines.extend(f"  {finding.render()}" for finding in errors[:20])
+    if len(errors) > 20:
+        lines.append(f"  ... and {len(errors) - 20} more (nxdi-gptoss-fp8 validate {check.compiled_dir} lists them)")
+    return ShardedWeightsError("\n".join(lines), check)
 
 
 # --------------------------------------------------------------------------- summary (inspect)
@@ -719,8 +712,22 @@ def describe_presharded(compiled_dir: str) -> dict[str, Any] | None:
 
 
 __all__ = [
-    "MANIFEST_FILE", "SHARD_SETTINGS", "Manifest", "ManifestError", "RankEntry", "ShardedCheck",
-    "ShardedWeightsError", "Source", "changed_since", "check_presharded", "describe_presharded", "manifest_summary",
+    "MANIFEST_FILE",
+    "SHARD_SETTINGS",
+    "Manifest",
+    "ManifestError",
+    "RankEntry",
+    "ShardedCheck",
+    "ShardedWeightsError",
+    "Source",
+    "changed_since",
+    "check_presharded",
+    "describe_presharded",
+    "manifest_summary",
     "read_manifest",
-    "remove_manifest", "shard_settings", "source_fingerprint", "write_manifest",
+    "refusal",
+    "remove_manifest",
+    "shard_settings",
+    "source_fingerprint",
+    "write_manifest",
 ]
