@@ -371,3 +371,11 @@ def test_inspect_of_a_directory_with_only_weights_is_one_verdict(tmp_path: Path,
     _, out, _ = run(capsys, "inspect", str(tmp_path / "d"))
     assert "unknown" not in out and "not a GPT-OSS checkpoint" not in out
     assert "pre-sharded" in out and "neuron_config.json" in out
+
+
+def test_validate_of_the_weights_folder_checks_its_compiled_directory(scene: cases.Scene, capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = run(capsys, "validate", str(scene.weights))
+    assert code == 0 and f"VALID: {scene.compiled}" in out
+    scene.rank(0).unlink()
+    code, out, _ = run(capsys, "validate", str(scene.weights))
+    assert code == 1 and "presharded.missing_rank_file" in out
