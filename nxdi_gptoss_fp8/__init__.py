@@ -20,6 +20,7 @@ from .errors import (
     PreflightError,
     RegistrationError,
     ReportBindingError,
+    ShardedWeightsError,
 )
 from .findings import CHECKS, Finding, PreflightReport, Severity
 from .format import FORMAT_NAME, FORMAT_VERSION
@@ -43,6 +44,7 @@ __all__ = [
     "RegistrationError",
     "ReportBindingError",
     "Severity",
+    "ShardedWeightsError",
     "__version__",
     "preflight",
 ]

@@ -78,6 +78,11 @@ def _load_neuron_config(path: str | None) -> dict[str, Any] | None:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     _checkpoint_dir(args.path)
+    from .recognize import compiled_model_dir
+
+    compiled = compiled_model_dir(args.path)
+    if compiled is not None:
+        return _validate_compiled(args, compiled)
     if args.deep:
         _needs("--deep", "numpy")
     neuron_config = _load_neuron_config(args.neuron_config)
@@ -96,6 +101,36 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if not report.clean:
         return EXIT_FINDINGS
     return EXIT_OK if report.complete else EXIT_PARTIAL
+
+
+def _validate_compiled(args: argparse.Namespace, compiled: str) -> int:
+    """``validate COMPILED``: its pre-sharded weights against their manifest, its
+    ``neuron_config.json`` (or ``--neuron-config``) and the source checkpoint when it is here."""
+    from .recognize import NEURON_CONFIG_FILE
+    from .sharded_manifest import check_presharded, describe_presharded
+
+    if args.deep or args.headers_only:
+        raise UsageError(f"{compiled} is a compiled NxDI model directory: --deep and --headers-only apply to "
+                         "checkpoints (validate the checkpoint it was compiled from)")
+    try:
+        config = _load_neuron_config(args.neuron_config or os.path.join(compiled, NEURON_CONFIG_FILE))
+    except UsageError as exc:
+        raise UsageError(str(exc) if args.neuron_config else str(exc).replace("--neuron-config ", "").replace(
+            "--neuron-config: ", "")) from None
+    assert config is not None
+    nc = config.get("neuron_config") if isinstance(config.get("neuron_config"), dict) else config
+    if not nc.get("save_sharded_checkpoint") and describe_presharded(compiled) is None:
+        source = nc.get("quantized_checkpoints_path") or "the checkpoint it was compiled from"
+        message = (f"{compiled}: no pre-sharded weights (save_sharded_checkpoint is off): NxDI's weights are sharded at "
+                   f"load from the checkpoint, where the preflight runs; validate {source}")
+        print(json.dumps({"ok": True, "path": compiled, "findings": [], "message": message}, indent=2) if args.json else message)
+        return EXIT_OK
+    check = check_presharded(compiled, ranks=None, config=config, verify=args.verify_checksums, progress=None)
+    if args.json:
+        print(json.dumps(check.to_dict(), indent=2))
+    else:
+        print(check.render_text(limit=None if args.all else TEXT_FINDINGS_LIMIT))
+    return EXIT_OK if check.ok else EXIT_FINDINGS
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -321,7 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
             "and scales only. Every finding is listed with its file, key and the fix."
         ),
     )
-    validate.add_argument("path", help="the checkpoint directory (holds model.safetensors.index.json)")
+    validate.add_argument("path", help="the checkpoint directory (holds model.safetensors.index.json), or a compiled "
+                                       "NxDI model directory: its pre-sharded weights/ are checked against their "
+                                       "manifest, its neuron_config.json and, when present, the source checkpoint")
     validate.add_argument("--json", action="store_true", help="print the report as JSON (ok, summary, findings)")
     validate.add_argument("--all", action="store_true",
                           help=f"list every finding, one line each (text output otherwise summarizes repeated "
@@ -340,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "padding, all-zero experts (reads the whole checkpoint; progress on a terminal)")
     validate.add_argument("--verify-checksums", action="store_true",
                           help="hash every shard (in parallel) against the index's shard_sha256; "
-                               "a checkpoint without digests then fails")
+                               "a checkpoint without digests then fails (a compiled directory: every rank file "
+                               "against its manifest)")
     validate.set_defaults(handler=_cmd_validate)
 
     inspect = commands.add_parser(

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .findings import PreflightReport
+    from .sharded_manifest import ShardedCheck
 
 
 class NxdiGptossFp8Error(Exception):
@@ -34,6 +35,19 @@ class CheckpointFormatError(NxdiGptossFp8Error):
 
 class IntegrityError(NxdiGptossFp8Error):
     """A shard changed between the preflight and the load, or a digest does not match."""
+
+
+class ShardedWeightsError(IntegrityError):
+    """NxDI's pre-sharded weights (``COMPILED/weights``) refused before NxDI read a byte of them;
+    ``check`` holds every finding, ``codes`` the error codes."""
+
+    def __init__(self, message: str, check: ShardedCheck) -> None:
+        super().__init__(message)
+        self.check = check
+
+    @property
+    def codes(self) -> list[str]:
+        return [finding.code for finding in self.check.report.errors]
 
 
 class LoadError(NxdiGptossFp8Error):

@@ -44,6 +44,7 @@ CHECKS = (
     "config",
     "neuron_config",
     "integrity",
+    "presharded",
 )
 
 

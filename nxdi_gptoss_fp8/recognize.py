@@ -471,15 +471,15 @@ def _compiled_artifacts(rec: Recognition, reader: _Reader, entries: Mapping[str,
     root = rec.path
     ranks = sorted(int(m.group(1)) for name in entries if (m := _PRESHARDED.match(name)))
     compiled = NEURON_CONFIG_FILE in entries
-    if not compiled and not ranks:
-        return
     weights_dir = os.path.join(root, PRESHARDED_DIR)
     sharded: list[int] = []
-    if compiled and entries.get(PRESHARDED_DIR):
+    if entries.get(PRESHARDED_DIR) and not ranks:
         try:
             sharded = sorted(int(m.group(1)) for entry, _ in _listing(weights_dir)[0].items() if (m := _PRESHARDED.match(entry)))
         except OSError:
             sharded = []
+    if not compiled and not ranks and not sharded:
+        return
     if rec.kind != UNKNOWN:  # a checkpoint with compiled artifacts mixed in: the checkpoint wins
         rec.notes.append(f"also holds NxDI compile output ({NEURON_CONFIG_FILE if compiled else 'tpN_sharded_checkpoint files'})")
         return
@@ -499,6 +499,13 @@ def _compiled_artifacts(rec: Recognition, reader: _Reader, entries: Mapping[str,
         if settings.get("checkpoint_format") == "normalized_fp8" and not sharded:
             rec.actions.append("its weights load from the normalized checkpoint it was compiled with: keep CHECKPOINT_FORMAT=normalized_fp8")
         return
+    if not ranks:  # only weights/ of a compiled directory: one verdict, not "unknown"
+        rec.kind = PRESHARDED
+        rec.evidence.append(f"{PRESHARDED_DIR}/: {len(sharded)} files tpN_sharded_checkpoint.safetensors "
+                            f"(ranks {sharded[0]}…{sharded[-1]}), but no {NEURON_CONFIG_FILE} or {COMPILED_MODEL_FILE}")
+        rec.actions = [f"this is an incomplete copy of a compiled NxDI model directory: copy the whole directory "
+                       f"({NEURON_CONFIG_FILE}, {COMPILED_MODEL_FILE}, {PRESHARDED_DIR}/) and load that with NxDI"]
+        return
     rec.kind = PRESHARDED
     rec.evidence.append(f"{len(ranks)} files tpN_sharded_checkpoint.safetensors (ranks {ranks[0]}…{ranks[-1]})")
     parent = os.path.dirname(os.path.abspath(root))
@@ -506,4 +513,14 @@ def _compiled_artifacts(rec: Recognition, reader: _Reader, entries: Mapping[str,
                    f"model directory {parent} with NxDI; re-shard from the original checkpoint, never from these"]
 
 
-__all__ = ["CHECKPOINT_FORMATS", "TITLES", "Recognition", "recognize"]
+def compiled_model_dir(path: str | os.PathLike[str]) -> str | None:
+    """The compiled NxDI model directory that ``path`` is, or whose ``weights/`` folder it is
+    (None otherwise); recognizes only where a ``neuron_config.json`` makes it possible."""
+    root = os.fspath(path)
+    for candidate in (root, os.path.dirname(os.path.abspath(root)) if os.path.basename(os.path.normpath(root)) == PRESHARDED_DIR else None):
+        if candidate and os.path.isfile(os.path.join(candidate, NEURON_CONFIG_FILE)) and recognize(candidate).kind == COMPILED:
+            return candidate
+    return None
+
+
+__all__ = ["CHECKPOINT_FORMATS", "TITLES", "Recognition", "compiled_model_dir", "recognize"]

@@ -173,6 +173,7 @@ class Inspection:
 
     recognition: rz.Recognition
     summary: CheckpointSummary | None = None
+    presharded: dict[str, Any] | None = None  # a compiled directory's pre-sharded weights (manifest)
 
     @property
     def ok(self) -> bool:
@@ -187,14 +188,35 @@ class Inspection:
             data.update(self.summary.to_dict())
             data["ok"] = self.ok
             data["findings"] = [finding.to_dict() for finding in self.summary.report.findings]
+        if self.presharded is not None:
+            data["presharded"] = self.presharded
         return data
 
     def render_text(self) -> str:
         text = self.recognition.render_text()
+        if self.presharded is not None:
+            text = "\n".join([text, *map(printable, _presharded_lines(self.recognition.path, self.presharded))])
         if self.summary is None:
             return text
         lines = self.summary.render_text().splitlines()
         return "\n".join([text, *lines[1:]])  # the path is already on the first line
+
+
+def _presharded_lines(path: str, presharded: dict[str, Any]) -> list[str]:
+    manifest = presharded["manifest"]
+    if manifest is None:
+        return [f"weights     {presharded['problem']}"]
+    settings = ", ".join(f"{key}={value}" for key, value in manifest["settings"].items()
+                         if key not in ("tp_degree", "world_size"))
+    return [
+        f"weights     {rz.PRESHARDED_DIR}/: {presharded['rank_files']} rank files, manifest written {manifest['written_at']} "
+        f"by nxdi-gptoss-fp8 {manifest['package_version']}",
+        f"            tp_degree {manifest['tp_degree']}, world_size {manifest['world_size']}, ranks {manifest['ranks']}, "
+        f"{_human(manifest['bytes'])}",
+        *(f"source      {source}" for source in manifest["sources"]),
+        f"settings    {settings}",
+        f"check       nxdi-gptoss-fp8 validate {path} (--verify-checksums hashes every rank file)",
+    ]
 
 
 def inspect_directory(path: str | os.PathLike[str], *, allow_custom_model: bool = False) -> Inspection:
@@ -207,4 +229,8 @@ def inspect_directory(path: str | os.PathLike[str], *, allow_custom_model: bool 
     inspection = Inspection(recognition)
     if recognition.kind == rz.NORMALIZED:
         inspection.summary = inspect_checkpoint(path, allow_custom_model=allow_custom_model)
+    elif recognition.kind == rz.COMPILED:
+        from .sharded_manifest import describe_presharded
+
+        inspection.presharded = describe_presharded(os.fspath(path))
     return inspection

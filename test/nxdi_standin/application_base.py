@@ -1,5 +1,6 @@
 """Stand-in of ``models/application_base.py``: the application base class with the loader
-entry points NxDI's GPT-OSS class inherits (contract a.2, a.3, a.5)."""
+entry points NxDI's GPT-OSS class inherits (contract a.2, a.3, a.5), and the pre-sharded weights
+path: ``shard_weights`` / ``load_weights`` with NxDI's signatures and rules (a.1)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import warnings
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from .checkpoint import load_state_dict
 from .config import InferenceConfig
+from .model_builder import ShardingBuilder
 
 
 class NeuronApplicationBase(torch.nn.Module):
@@ -27,6 +29,41 @@ class NeuronApplicationBase(torch.nn.Module):
         self.neuron_config = config.neuron_config  # type: ignore[union-attr]
         self.fused_spec_config = getattr(config, "fused_spec_config", None)
         self.model_path = model_path
+        self._builder: ShardingBuilder | None = None
+        self.traced_model: Any = None
+
+    def get_builder(self, debug: bool = False) -> ShardingBuilder:
+        if self._builder is None:
+            self._builder = ShardingBuilder.for_app(self)
+        return self._builder
+
+    def shard_weights(self, compiled_model_path: str, debug: bool = False, pre_shard_weights_hook: Any = None) -> None:
+        """Writes ``<compiled>/weights/tp{rank}_sharded_checkpoint.safetensors`` through the builder
+        only when ``save_sharded_checkpoint`` and not ``skip_sharding`` (contract a.1)."""
+        sharded_checkpoint_dir = os.path.join(os.path.join(os.path.normpath(compiled_model_path), ""), "weights/")
+        if pre_shard_weights_hook:
+            pre_shard_weights_hook(self)
+        if self.neuron_config.skip_sharding or not self.neuron_config.save_sharded_checkpoint:
+            return
+        self.get_builder(debug).shard_checkpoint(serialize_path=sharded_checkpoint_dir)
+
+    def load_weights(self, compiled_model_path: str, start_rank_id: int | None = None,
+                     local_ranks_size: int | None = None) -> None:
+        """Pre-sharded: a bare ``load_file`` per rank; else the builder shards now (calling the
+        loader); then ``traced_model.nxd_model.initialize(weights, start_rank)``."""
+        compiled_model_path = os.path.join(os.path.normpath(compiled_model_path), "")
+        if self.traced_model is None:
+            raise ValueError("Model is not loaded")
+        if start_rank_id is None:
+            start_rank_id = self.neuron_config.start_rank_id
+        if local_ranks_size is None:
+            local_ranks_size = self.neuron_config.local_ranks_size
+        if self.neuron_config.save_sharded_checkpoint:
+            weights = [load_file(os.path.join(compiled_model_path, f"weights/tp{rank}_sharded_checkpoint.safetensors"))
+                       for rank in range(start_rank_id, start_rank_id + local_ranks_size)]
+        else:
+            weights = self.get_builder().shard_checkpoint()
+        self.traced_model.nxd_model.initialize(weights, torch.tensor([start_rank_id], dtype=torch.int32))
 
     def checkpoint_loader_fn(self, mmap: bool = False) -> dict[str, torch.Tensor]:
         """Picks the directory (config's own dir, else model_path; quantized → the quantized

@@ -1,14 +1,17 @@
 """Stand-in of ``models/config.py``: NeuronConfig pops what it knows and drops the rest with a
-warning; InferenceConfig serializes attributes to JSON and rebuilds NeuronConfig from them."""
+warning; InferenceConfig serializes attributes to JSON (``save`` / ``load``: ``neuron_config.json``) and
+rebuilds NeuronConfig from them."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 import torch
 
+CONFIG_FILE = "neuron_config.json"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -33,7 +36,7 @@ _NEURON_CONFIG_DEFAULTS: dict[str, Any] = {
     "modules_to_not_convert": None, "is_mxfp4_compute": False, "padded_hidden_size": None,
     "padded_intermediate_size": None, "lm_head_pad_alignment_size": 1, "is_medusa": False,
     "enable_fused_speculation": False, "quantized_mlp_kernel_enabled": False,
-    "save_sharded_checkpoint": False, "on_cpu": False, "is_continuous_batching": False,
+    "save_sharded_checkpoint": False, "skip_sharding": False, "on_cpu": False, "is_continuous_batching": False,
 }
 
 
@@ -78,6 +81,16 @@ class InferenceConfig:
 
     def to_json_string(self) -> str:
         return json.dumps(to_dict(self), indent=2, sort_keys=True)
+
+    def save(self, model_path: str) -> None:
+        os.makedirs(model_path, exist_ok=True)
+        with open(os.path.join(model_path, CONFIG_FILE), "w", encoding="utf-8") as handle:
+            handle.write(self.to_json_string())
+
+    @classmethod
+    def load(cls, model_path: str, **kwargs: Any) -> InferenceConfig:
+        with open(os.path.join(model_path, CONFIG_FILE), encoding="utf-8") as handle:
+            return cls.from_json_string(handle.read(), **kwargs)
 
     @classmethod
     def from_json_string(cls, json_string: str, **kwargs: Any) -> InferenceConfig:

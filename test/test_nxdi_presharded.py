@@ -1,0 +1,171 @@
+"""Pre-sharded weights through NxDI's REAL ``shard_weights`` and ``load_weights`` (from
+``NXDI_SRC``, the Neuron packages stood in by ``neuron_stubs``; NxD's ``ModelBuilder`` replaced by
+the stand-in builder, the traced model by one that records ``nxd_model.initialize``): the same
+scenarios as ``test_sharded_manifest.py``. Skipped unless NxDI is importable or ``NXDI_SRC`` is set.
+
+Run: ``NXDI_SRC=/path/to/neuronx-distributed-inference python3 -m pytest -q -m nxdi test/test_nxdi_presharded.py``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import presharded_cases as cases
+from nxdi_standin import neuron_stubs
+
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8 import nxdi_hook
+from nxdi_gptoss_fp8 import sharded_manifest as sm
+from nxdi_gptoss_fp8.synthetic import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
+from nxdi_gptoss_fp8.tiny import TINY_DIMS
+
+pytestmark = [pytest.mark.nxdi, pytest.mark.filterwarnings("ignore")]
+
+SRC = os.environ.get("NXDI_SRC")
+HLO_UTILS = "neuronx_distributed.trace.hlo_utils"
+
+
+def _nxdi_context() -> contextlib.AbstractContextManager[None]:
+    if importlib.util.find_spec("neuronx_distributed_inference") is not None and not SRC:
+        return contextlib.nullcontext()
+    if not SRC:
+        pytest.skip("NxDI is not installed and NXDI_SRC is not set")
+    src = os.path.join(SRC, "src")
+    if not os.path.isdir(os.path.join(src, "neuronx_distributed_inference")):
+        pytest.fail(f"NXDI_SRC={SRC} has no src/neuronx_distributed_inference")
+    return neuron_stubs.installed(src)
+
+
+@pytest.fixture(scope="module")
+def modeling() -> Iterator[ModuleType]:
+    saved = {k: os.environ.get(k) for k in ("NEURON_PLATFORM_TARGET_OVERRIDE", fmt.ALLOW_CUSTOM_ENV, nxdi_hook.ENV_VAR,
+                                            fmt.VERIFY_AT_LOAD_ENV)}
+    os.environ.setdefault("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    os.environ[fmt.ALLOW_CUSTOM_ENV] = "1"
+    os.environ.pop(fmt.VERIFY_AT_LOAD_ENV, None)
+    try:
+        with _nxdi_context():
+            module = __import__(nxdi_hook.MODELING_MODULE, fromlist=["NeuronGptOssForCausalLM"])
+            hlo = sys.modules.get(HLO_UTILS)
+            if isinstance(hlo, neuron_stubs._StubModule):
+                # shard_weights tests this NxD constant against os.environ: give the stub NxD's value
+                hlo.NXD_LAYOUT_TRANSFORMATION_OPTIONS = "NXD_LAYOUT_TRANSFORMATION_OPTIONS"
+            yield module
+            nxdi_hook.unregister()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture
+def mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, nxdi_hook.NORMALIZED_FP8)
+    nxdi_hook.register()
+    yield
+    nxdi_hook.unregister()
+
+
+@pytest.fixture
+def scene(modeling: ModuleType, mode: None, tiny_template: Path, tmp_path: Path) -> cases.Scene:
+    ckpt = Path(shutil.copytree(tiny_template, tmp_path / "ckpt"))
+    compiled = tmp_path / "compiled"
+    cases.compile_shards(modeling, ckpt, compiled)
+    return cases.Scene(modeling, ckpt, compiled, tmp_path)
+
+
+def test_real_methods_are_the_ones_driven(modeling: ModuleType, mode: None) -> None:
+    base = sys.modules[f"{nxdi_hook.NXDI_PACKAGE}.models.application_base"].NeuronApplicationBase
+    assert "neuron_stubs" not in repr(base) and base.__module__.startswith(nxdi_hook.NXDI_PACKAGE)
+    wrapped = vars(modeling.NeuronGptOssForCausalLM)["load_weights"]
+    assert wrapped.__wrapped__ is base.load_weights and vars(modeling.NeuronGptOssForCausalLM)["shard_weights"].__wrapped__ is base.shard_weights
+
+
+def test_clean_compile_then_load_hands_nxdi_exactly_the_written_shards(scene: cases.Scene) -> None:
+    manifest = sm.read_manifest(str(scene.compiled))
+    assert sorted(manifest.ranks) == list(range(cases.TP)) and manifest.sources[0].path == str(scene.ckpt.resolve())
+    app = cases.load_app(scene.modeling, scene.compiled, scene.ckpt)
+    loaded = cases.load(app, scene.compiled)
+    assert loaded is not None and loaded.start_rank.tolist() == [0]
+    assert cases.same_weights(loaded.weights, cases.files_on_disk(scene.compiled))
+    assert app._builder.loader_calls == 0
+    expected = [app._builder.shard_rank(app.checkpoint_loader_fn(), rank) for rank in range(cases.TP)]
+    assert cases.same_weights(loaded.weights, expected)
+    print(f"nxdi presharded: {len(loaded.weights)} ranks, {len(loaded.weights[0])} tensors each, as written")
+
+
+@pytest.mark.parametrize("name", list(cases.TAMPERINGS))
+def test_each_tampering_gets_its_outcome_before_initialize(scene: cases.Scene, name: str) -> None:
+    tamper, refused = cases.TAMPERINGS[name]
+    app = cases.load_app(scene.modeling, scene.compiled, scene.ckpt, **tamper(scene))
+    if refused is None:
+        loaded = cases.load(app, scene.compiled)
+        assert loaded is not None and cases.same_weights(loaded.weights, cases.files_on_disk(scene.compiled))
+        return
+    with pytest.raises(sm.ShardedWeightsError) as caught:
+        cases.load(app, scene.compiled)
+    assert app.traced_model.nxd_model.calls == []
+    assert set(caught.value.codes) == refused, str(caught.value)
+
+
+def test_an_interrupted_shard_step_leaves_no_manifest(scene: cases.Scene) -> None:
+    with pytest.raises(RuntimeError, match="interrupted"):
+        cases.compile_shards(scene.modeling, scene.ckpt, scene.compiled, fail_after_rank=0)
+    assert not (scene.weights / sm.MANIFEST_FILE).exists()
+
+
+def test_shard_on_load_reaches_nxdi_unchanged(modeling: ModuleType, mode: None, tiny_template: Path, tmp_path: Path) -> None:
+    compiled = tmp_path / "compiled"
+    cases.compile_shards(modeling, tiny_template, compiled, save_sharded_checkpoint=False)
+    assert not (compiled / "weights").exists()
+    app = cases.load_app(modeling, compiled, tiny_template)
+    loaded = cases.load(app, compiled)
+    assert loaded is not None and app._builder.loader_calls == 1
+
+
+@pytest.mark.parametrize("kind", ["hf", "legacy"])
+def test_hf_and_legacy_compile_and_load_are_nxdis_bit_for_bit(modeling: ModuleType, tiny_template: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, kind)
+    source = (make_source(tmp_path / "hf", SOURCE_MXFP4, dims=TINY_DIMS, scale_range=REALISTIC_SCALE_RANGE, original=False)
+              if kind == "hf" else write_legacy_fp8(tmp_path / "legacy", tiny_template))
+    results = {}
+    try:
+        for hooked in (False, True):
+            if hooked:
+                nxdi_hook.register()
+            compiled = tmp_path / f"compiled-{hooked}"
+            cases.compile_shards(modeling, source, compiled)
+            loaded = cases.load(cases.load_app(modeling, compiled, source), compiled)
+            assert loaded is not None
+            results[hooked] = (sorted(p.name for p in (compiled / "weights").iterdir()),
+                               [(compiled / "weights" / sm.rank_file(r)).read_bytes() for r in range(cases.TP)], loaded)
+    finally:
+        nxdi_hook.unregister()
+    assert results[True][0] == results[False][0] == [sm.rank_file(r) for r in range(cases.TP)]
+    assert results[True][1] == results[False][1]
+    assert cases.same_weights(results[True][2].weights, results[False][2].weights)
+
+
+def test_unregister_restores_both_methods(modeling: ModuleType) -> None:
+    app_cls = modeling.NeuronGptOssForCausalLM
+    before = {name: vars(app_cls).get(name) for name in ("shard_weights", "load_weights")}
+    inherited = {name: getattr(app_cls, name) for name in before}
+    nxdi_hook.register()
+    assert all(vars(app_cls)[name] is not inherited[name] for name in before)
+    nxdi_hook.unregister()
+    assert {name: vars(app_cls).get(name) for name in before} == before
+    assert all(getattr(app_cls, name) is inherited[name] for name in before)
