@@ -31,6 +31,7 @@ from .integrity import check_digests
 from .nxdi_config import (
     Problem,
     bounded_int,
+    config_field_problems,
     describe,
     has_model_fields,
     model_config_problems,
@@ -388,6 +389,7 @@ def _check_config(view: CheckpointView, report: PreflightReport) -> None:
     except fmt.ConfigFieldError as exc:
         report.add("config", exc.reason, f"{exc.field}: {exc.problem}; the namespace cannot be derived", file=name, key=exc.field)
     _add_problems(report, model_config_problems(config, view.dims, check="config", what=name, compare_dims=False), file=name)
+    _add_problems(report, config_field_problems(config, view.dims), file=name)
 
 
 def _add_problems(report: PreflightReport, problems: list[Problem], *, file: str | None = None) -> None:
