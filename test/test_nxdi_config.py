@@ -224,7 +224,7 @@ def test_boolean_keys_are_nxdi_s_on_off_switches() -> None:
     # lm_head_pad defaults to an expression (logical_nc_config > 1); on_device_sampling_config
     # is a bool only in OnDeviceSamplingConfig, an object in NeuronConfig
     expected = (names & KNOWN_NEURON_CONFIG_KEYS) - {"on_device_sampling_config"} | {"lm_head_pad"}
-    assert BOOLEAN_NEURON_CONFIG_KEYS == expected
+    assert expected == BOOLEAN_NEURON_CONFIG_KEYS
 
 
 @pytest.mark.nxdi
