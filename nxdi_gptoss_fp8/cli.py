@@ -3,8 +3,8 @@
 A thin face over the library: each command parses its arguments, calls one library function
 and renders the result. Data goes to stdout, messages to stderr. Exit codes: 0 success /
 valid, 1 findings or a failed check, 2 usage error, unreadable input or a missing optional
-dependency (torch, numpy, NxDI). Known errors print one line; set NXDI_GPTOSS_FP8_DEBUG=1 for
-tracebacks. A closed stdout (``| head``) ends the command quietly.
+dependency (torch, numpy, NxDI) or a setting that cannot be read. Known errors print one line;
+set NXDI_GPTOSS_FP8_DEBUG=1 for tracebacks. A closed stdout (``| head``) ends the command quietly.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from . import __version__
 from . import format as fmt
 from .checks import allow_custom_from_env, preflight
 from .deps import OPTIONAL, missing, require
-from .errors import MissingDependencyError, NxdiGptossFp8Error
+from .errors import ConfigError, MissingDependencyError, NxdiGptossFp8Error
+from .nxdi_config import switch_from_env
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 TEXT_FINDINGS_LIMIT = 50
+DEBUG_ENV = "NXDI_GPTOSS_FP8_DEBUG"
 
 
 class UsageError(Exception):
@@ -51,29 +53,22 @@ def _needs(purpose: str, *modules: str) -> None:
 
 
 def _load_neuron_config(path: str | None) -> dict[str, Any] | None:
-    """The ``--neuron-config`` JSON, read like every checkpoint JSON: regular file, strict, bounded."""
+    """The ``--neuron-config`` JSON, read like every checkpoint JSON: regular file, strict, bounded
+    (``nxdi_config.read_config_file``, which ``preflight(neuron_config=PATH)`` uses too)."""
     if path is None:
         return None
-    from .checks import MAX_JSON_FILE_SIZE
-    from .errors import NotRegularFileError
-    from .files import open_regular
-    from .strict_json import JsonError, parse_json_strict
+    from .nxdi_config import read_config_file
 
     try:
-        with open_regular(path) as handle:
-            raw = handle.read(MAX_JSON_FILE_SIZE + 1)
-        document = parse_json_strict(raw.decode("utf-8"), what=f"--neuron-config {path}", max_bytes=MAX_JSON_FILE_SIZE)
-    except NotRegularFileError as exc:
-        raise UsageError(f"--neuron-config: {exc}; pass a JSON file") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read --neuron-config {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"--neuron-config {path} is not UTF-8 text") from None
-    except JsonError as exc:
-        raise UsageError(f"--neuron-config {path}: {exc}") from None
-    if not isinstance(document, dict):
-        raise UsageError(f"--neuron-config {path} must hold a JSON object of NeuronConfig attributes")
-    return document
+        return read_config_file(path, f"--neuron-config {path}")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _allow_custom(args: argparse.Namespace) -> bool:
+    """``--allow-custom-model`` or the environment opt-in (read either way: a value that is
+    neither on nor off is refused even when the flag is given)."""
+    return allow_custom_from_env() or args.allow_custom_model
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -84,7 +79,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     report = preflight(
         args.path,
         neuron_config=neuron_config,
-        allow_custom_model=args.allow_custom_model or allow_custom_from_env(),
+        allow_custom_model=_allow_custom(args),
         read_scales=not args.headers_only,
         deep=args.deep,
         verify_checksums=args.verify_checksums,
@@ -102,7 +97,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from .recognize import NOT_A_DIRECTORY
     from .summary import inspect_directory
 
-    inspection = inspect_directory(args.path, allow_custom_model=args.allow_custom_model or allow_custom_from_env())
+    inspection = inspect_directory(args.path, allow_custom_model=_allow_custom(args))
     if inspection.recognition.kind == NOT_A_DIRECTORY and not args.json:
         raise UsageError("; ".join(inspection.recognition.evidence))
     if args.json:
@@ -258,7 +253,7 @@ def _cmd_check_forward(args: argparse.Namespace) -> int:
         report = check_forward(
             args.path, args.source, layers=args.layers, tokens=args.tokens, steps=args.steps,
             neuron_config=_load_neuron_config(args.neuron_config),
-            allow_custom_model=args.allow_custom_model,
+            allow_custom_model=_allow_custom(args),
         )
     except (CpuModelError, ConversionError, ValueError) as exc:  # cannot run, or unusable inputs
         raise UsageError(str(exc)) from None
@@ -474,7 +469,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # names from disk may not be valid UTF-8
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    debug = os.environ.get("NXDI_GPTOSS_FP8_DEBUG", "") not in ("", "0")
+    try:
+        debug = switch_from_env(DEBUG_ENV, os.environ, "tracebacks")
+    except ConfigError as exc:
+        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     _log_to_stderr()
     try:
         code = int(args.handler(args))
@@ -486,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except MissingDependencyError as exc:
+    except (MissingDependencyError, ConfigError) as exc:  # the environment or a setting, not the checkpoint
         print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ModuleNotFoundError as exc:  # an optional package that a lazy import needed

@@ -17,11 +17,15 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import format as fmt
+from .errors import ConfigError, NotRegularFileError
+from .files import open_regular
+from .strict_json import JsonError, parse_json_strict
 
 MAX_DIMENSION = fmt.MAX_DIMENSION
 # NxD's substring rule costs (paths × entries); real configs have a handful of entries
@@ -379,8 +383,31 @@ def unknown_key_problems(nc: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
-_SWITCH_ON = frozenset({"1", "true", "yes", "on"})
-_SWITCH_OFF = frozenset({"", "0", "false", "no", "off"})
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("0", "false", "no", "off", "")
+
+
+def parse_switch(value: Any, meaning: str = "on") -> bool:
+    """The one on/off parser of every switch, environment variable or config attribute:
+    None and a bool as they are, else one of ``SWITCH_ON`` / ``SWITCH_OFF`` (any case, spaces
+    around ignored). Raises ``ValueError`` saying what is accepted for anything else (``ture``,
+    ``2``, ``enabled``): a switch that cannot be read is never silently off.
+    """
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in SWITCH_ON + SWITCH_OFF:
+        return value.strip().lower() in SWITCH_ON
+    raise ValueError(f"is not on or off: set it to 1 ({meaning}) or 0 (also accepted: {'/'.join(SWITCH_ON[1:])}, "
+                     f"{'/'.join(SWITCH_OFF[1:-1])}, or empty)")
+
+
+def switch_from_env(name: str, environ: Mapping[str, str], meaning: str = "on") -> bool:
+    """Environment variable ``name`` read with ``parse_switch``; ``ConfigError`` naming it otherwise."""
+    value = environ.get(name)
+    try:
+        return parse_switch(value, meaning)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={describe(value)} {exc}") from None
 
 
 def parse_verify_at_load(value: Any) -> bool:
@@ -388,11 +415,34 @@ def parse_verify_at_load(value: Any) -> bool:
 
     Raises ``ValueError`` (saying what is accepted) for anything but a bool or an on/off word.
     """
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _SWITCH_ON | _SWITCH_OFF:
-        return value.strip().lower() in _SWITCH_ON
-    raise ValueError("is not on or off: set it to 1 (verify shard_sha256 at load) or 0")
+    return parse_switch(value, "verify shard_sha256 at load")
+
+
+MAX_CONFIG_FILE_SIZE = 64 * 1024 * 1024
+
+
+def read_config_file(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """A JSON configuration file (a NeuronConfig, flat or nested as NxDI saves it), read like
+    every checkpoint JSON: a regular file (refused before it is opened otherwise), strict JSON,
+    at most ``MAX_CONFIG_FILE_SIZE`` bytes, an object. ``what`` names it in messages (e.g.
+    ``--neuron-config nc.json``); ``ConfigError`` says what is wrong, once."""
+    try:
+        with open_regular(os.fspath(path)) as handle:
+            raw = handle.read(MAX_CONFIG_FILE_SIZE + 1)
+        document = parse_json_strict(raw.decode("utf-8"), what=what, max_bytes=MAX_CONFIG_FILE_SIZE)
+    except NotRegularFileError as exc:
+        kind = str(exc).removeprefix(os.fspath(path)).strip() or str(exc)  # "is a directory, not a regular file"
+        raise ConfigError(f"{what} {kind}; pass a JSON file") from None
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, JsonError):
+            raise ConfigError(str(exc)) from None  # its message starts with ``what``
+        if isinstance(exc, UnicodeDecodeError):
+            raise ConfigError(f"{what} is not UTF-8 text") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read {what}: {reason}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"{what} must hold a JSON object of NeuronConfig attributes, not {describe(document)}")
+    return document
 
 
 def parse_load_mode(value: Any) -> str | None:

@@ -113,6 +113,35 @@ def test_bad_neuron_config_file_is_a_usage_error(tiny_template: Path, tmp_path: 
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and out == ""
 
 
+@pytest.mark.parametrize(("content", "once"), [
+    ('{"a": 1, "a": 2}', "--neuron-config"), ("{nope", "--neuron-config"), (b"\xff", "--neuron-config"),
+    (None, "--neuron-config"), ("DIR", "--neuron-config"),
+])
+def test_neuron_config_errors_name_the_option_once(tiny_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   content: str | bytes | None, once: str) -> None:
+    path = tmp_path / "nc.json"
+    if content == "DIR":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    code, _, err = run(["validate", str(tiny_template), "--neuron-config", str(path)], capsys)
+    assert code == 2 and err.count(once) == 1 and err.count(str(path)) == 1, err
+
+
+@pytest.mark.parametrize(("variable", "argv"), [
+    (fmt.ALLOW_CUSTOM_ENV, ["validate", "CKPT"]), (fmt.ALLOW_CUSTOM_ENV, ["validate", "CKPT", "--allow-custom-model"]),
+    (fmt.ALLOW_CUSTOM_ENV, ["inspect", "CKPT"]), (cli.DEBUG_ENV, ["validate", "CKPT"]),
+])
+def test_a_switch_that_is_neither_on_nor_off_is_refused(tiny_template: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch, variable: str, argv: list[str]) -> None:
+    monkeypatch.setenv(variable, "ture")
+    code, out, err = run([str(tiny_template) if arg == "CKPT" else arg for arg in argv], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{variable}='ture' is not on or off" in err
+
+
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as raised:
         main(["validate"])
