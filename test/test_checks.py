@@ -436,8 +436,8 @@ def test_preflight_reads_a_neuron_config_path_as_the_cli_does(tiny_template: Pat
 
     nc = tmp_path / "nc.json"
     nc.write_text(json.dumps({**GOOD_NEURON_CONFIG, "tp_degree": 3}))
-    for given in (str(nc), nc):
-        codes = {f.code for f in preflight(tiny_template, neuron_config=given, allow_custom_model=True).errors}
+    for spelled in (str(nc), nc):
+        codes = {f.code for f in preflight(tiny_template, neuron_config=spelled, allow_custom_model=True).errors}
         assert codes == {"neuron_config.expert_tp_indivisible"}
     nc.write_text(json.dumps({"neuron_config": GOOD_NEURON_CONFIG}))
     assert preflight(tiny_template, neuron_config=str(nc), allow_custom_model=True).ok
