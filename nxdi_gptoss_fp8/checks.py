@@ -80,6 +80,8 @@ class CheckpointView:
     locations: dict[str, list[str]] = field(default_factory=dict)
     # config.json / index → (identity of the file read, SHA-256 of its bytes): bound into the report
     json_files: dict[str, tuple[FileIdentity, str]] = field(default_factory=dict)
+    # what ``recognize`` says the directory is, once asked (``foreign_recognition``)
+    recognition: Any = None
 
     def tensor(self, key: str) -> tuple[str, TensorInfo] | None:
         """Where ``key`` physically is: the shard the index names if it holds it, else any."""
@@ -90,6 +92,33 @@ class CheckpointView:
         if shard not in shards:
             shard = shards[0]
         return shard, self.headers[shard].tensors[key]
+
+
+# The checkpoint kinds ``recognize`` names that are not normalized (compiled NxDI output and
+# pre-sharded weights are not checkpoints to convert or load with CHECKPOINT_FORMAT).
+_FOREIGN_KINDS = ("hf-mxfp4", "hf-bf16", "compressed-tensors-fp8", "compressed-tensors", "nxdi-legacy-bf16",
+                  "nxdi-legacy-fp8", "openai-original")
+_HF_KINDS = _FOREIGN_KINDS[:4]
+
+
+def foreign_recognition(view: CheckpointView) -> Any:
+    """What ``inspect`` says the directory is when it is another kind of checkpoint (HF,
+    compressed-tensors, legacy: a ``recognize.Recognition``), else None. Asked once per view,
+    and only for a directory that is not normalized: a valid checkpoint never pays for it."""
+    if view.recognition is None:
+        from .recognize import recognize
+
+        view.recognition = recognize(view.root)
+    return view.recognition if view.recognition.kind in _FOREIGN_KINDS else None
+
+
+def _foreign_advice(view: CheckpointView) -> str | None:
+    """``this is an HF BF16 checkpoint: convert it with …``: inspect's verdict and action, for
+    an HF or compressed-tensors directory."""
+    recognition = foreign_recognition(view)
+    if recognition is None or recognition.kind not in _HF_KINDS:
+        return None
+    return f"this is {recognition.title}: {', or '.join(recognition.actions)}"
 
 
 def preflight(
@@ -513,12 +542,13 @@ def _check_metadata_fields(view: CheckpointView, report: PreflightReport, metada
     if not isinstance(metadata, dict):
         report.add("index", "missing_metadata", "metadata is missing or not an object", file=name, key="metadata")
         return
-    if "format" not in metadata and set(metadata) <= {"total_size"}:
+    if "format" not in metadata and set(metadata) <= {"total_size", "total_parameters"}:
+        advice = _foreign_advice(view) or (
+            f"this is a Hugging Face index: {fmt.convert_advice(view.root)} (an HF MXFP4 checkpoint also loads "
+            "with CHECKPOINT_FORMAT unset)")
         report.add(
             "index", "not_normalized",
-            f"the index has no normalized-format metadata (only {sorted(metadata)}): this is an HF "
-            "index; unset CHECKPOINT_FORMAT to load an HF checkpoint with NxDI, or convert it with "
-            "`nxdi-gptoss-fp8 convert`",
+            f"the index has no normalized-format metadata (only {sorted(metadata)}); {advice}",
             file=name, key="metadata",
         )
     view.metadata = metadata
@@ -761,7 +791,8 @@ def _check_namespace(view: CheckpointView, report: PreflightReport) -> None:
         if reason:
             report.add("namespace", "derived_key", f"{key} is {reason} at load time and must not be stored: remove it", file=where, key=key)
         elif foreign:
-            report.add("namespace", foreign[0], f"{key} is not a normalized name; {foreign[1]}", file=where, key=key)
+            hint = (_foreign_advice(view) if foreign[0] == "hf_name" else None) or foreign[1]
+            report.add("namespace", foreign[0], f"{key} is not a normalized name; {hint}", file=where, key=key)
         elif fmt.is_stray_scale(key):
             report.add("sidecar", "stray_scale", f"{key} is a scale the format does not have (only the expert .scale sidecars exist): remove it", file=where, key=key)
         elif expected is not None:

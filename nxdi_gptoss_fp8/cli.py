@@ -19,9 +19,10 @@ from typing import Any
 
 from . import __version__
 from . import format as fmt
-from .checks import allow_custom_from_env, preflight
+from .checks import allow_custom_from_env, foreign_recognition, preflight
 from .deps import OPTIONAL, missing, require
 from .errors import ConfigError, MissingDependencyError, NxdiGptossFp8Error
+from .findings import printable
 from .nxdi_config import switch_from_env
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
@@ -84,9 +85,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         deep=args.deep,
         verify_checksums=args.verify_checksums,
     )
+    # another kind of checkpoint (HF, compressed-tensors, legacy): inspect's one-line verdict and action first
+    recognition = foreign_recognition(report.view) if not report.ok and report.view is not None else None
+    hint = recognition.hint() if recognition is not None else None
     if args.json:
-        print(report.to_json())
+        print(json.dumps({**report.to_dict(), "hint": hint}, indent=2))
     else:
+        if hint:
+            print(printable(hint))
         print(report.render_text(limit=None, summarize=False) if args.all else report.render_text(limit=TEXT_FINDINGS_LIMIT))
     if not report.clean:
         return EXIT_FINDINGS

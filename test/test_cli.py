@@ -57,7 +57,7 @@ def test_validate_json(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]
     code, out, _ = run(["validate", str(tiny_checkpoint), "--json", "--allow-custom-model"], capsys)
     document = json.loads(out)
     assert code == 1 and document["ok"] is False
-    assert set(document) == {"ok", "complete", "not_checked", "path", "summary", "findings"}
+    assert set(document) == {"ok", "complete", "not_checked", "path", "summary", "findings", "hint"}
     assert document["complete"] is True and document["not_checked"] == []
     assert {"errors", "warnings", "bytes_read", "elapsed_s", "shards", "tensors"} <= set(document["summary"])
     assert document["findings"][0] == {
@@ -252,6 +252,31 @@ def test_an_hf_checkpoint_is_summarized_and_all_lists_everything(tmp_path: Path,
     assert sum("namespace.hf_name" in line for line in every.splitlines()) > 30
     document = json.loads(run(["validate", str(src), "--json"], capsys)[1])
     assert sum(f["code"] == "namespace.hf_name" for f in document["findings"]) > 30
+
+
+@pytest.mark.parametrize("kind", ["hf-bf16", "compressed-tensors-fp8", "hf-mxfp4"])
+def test_validate_of_another_kind_leads_with_inspects_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             kind: str) -> None:
+    """The first line is the recognizer's verdict and action; no finding advises NxDI's HF converter
+    for a checkpoint it cannot load (HF BF16, compressed-tensors)."""
+    from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, SOURCE_MXFP4, make_compressed_tensors_source, make_source
+
+    src = tmp_path / "src"
+    if kind == "compressed-tensors-fp8":
+        make_compressed_tensors_source(src)
+    else:
+        make_source(src, SOURCE_BF16 if kind == "hf-bf16" else SOURCE_MXFP4)
+    inspected = json.loads(run(["inspect", str(src), "--json"], capsys)[1])
+    assert inspected["recognized"]["kind"] == kind
+    code, out, _ = run(["validate", str(src), "--all"], capsys)
+    first, *findings = out.splitlines()
+    assert code == 1 and first.startswith(f"{src} is {inspected['recognized']['title']}: ")
+    assert all(action in first for action in inspected["recognized"]["actions"])
+    assert findings[0].startswith("ERROR index.not_normalized")
+    hf_load = "NxDI's HF converter" in out
+    assert hf_load == (kind == "hf-mxfp4"), out
+    document = json.loads(run(["validate", str(src), "--json"], capsys)[1])
+    assert document["hint"] == first and document["ok"] is False
 
 
 def test_a_damaged_shard_is_one_line(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
