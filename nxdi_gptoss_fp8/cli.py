@@ -291,16 +291,17 @@ def _add_output_options(command: argparse.ArgumentParser, *, max_shard_size: str
     command.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="nxdi-gptoss-fp8",
+        prog=prog,
         description=(
             "Validate, inspect, make and convert normalized static-FP8 GPT-OSS checkpoints for "
             "AWS NeuronX Distributed Inference. Validation reads headers only and needs no "
             "Neuron SDK: run it on any host before you load."
         ),
         epilog=("Exit codes: 0 valid/success, 1 findings or failed check, 2 usage error or unreadable input, "
-                "3 partial verdict (validate --headers-only: no errors in what was checked, not everything checked)."),
+                "3 partial verdict (validate --headers-only: no errors in what was checked, not everything checked). "
+                f"The format, every check and finding code: {fmt.format_document_ref()}"),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -469,8 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, prog: str = "nxdi-gptoss-fp8") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     for stream in (sys.stdout, sys.stderr):  # names from disk may not be valid UTF-8
         if hasattr(stream, "reconfigure"):

@@ -1,6 +1,7 @@
 """The normalized static-FP8 GPT-OSS checkpoint format, version 1, as code.
 
-This module is the single source of truth for the format described in ``docs/format.md``:
+This module is the single source of truth for the format described in ``docs/format.md``
+(installed as ``nxdi_gptoss_fp8/format.md``: ``format_document_path``):
 the index metadata, the model profiles and the exact tensor namespace (names, shapes, dtypes)
 that a checkpoint must hold. The preflight, the loader and
 the converter all derive what they expect from here. Stdlib only.
@@ -9,10 +10,31 @@ the converter all derive what they expect from here. Stdlib only.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+# The user document of the format: docs/format.md in the source tree, shipped in the package as
+# nxdi_gptoss_fp8/format.md (setup.py copies it at build time: one source of truth).
+FORMAT_DOCUMENT = "format.md"
+
+
+def format_document_path() -> str | None:
+    """Where the format document is on this machine: the installed copy inside the package, else
+    the source tree's ``docs/format.md`` (an editable install); None if neither is there."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(package, FORMAT_DOCUMENT), os.path.join(os.path.dirname(package), "docs", FORMAT_DOCUMENT)):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def format_document_ref() -> str:
+    """How a message cites the format document: its path here, or its name in the source tree."""
+    return format_document_path() or "docs/format.md of the nxdi-gptoss-fp8 source"
+
 
 FORMAT_NAME = "nxdi_gptoss_normalized_fp8"
 FORMAT_VERSION = 1
