@@ -112,7 +112,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(inspection.render_text())
     if inspection.recognition.kind == NOT_A_DIRECTORY:
         return EXIT_USAGE
-    return EXIT_OK if inspection.ok else EXIT_FINDINGS
+    return EXIT_OK if inspection.succeeded else EXIT_FINDINGS
 
 
 def _dims(args: argparse.Namespace, defaults: fmt.ModelDims) -> fmt.ModelDims:
@@ -125,44 +125,80 @@ def _dims(args: argparse.Namespace, defaults: fmt.ModelDims) -> fmt.ModelDims:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     if args.hf is not None:
         return _make_tiny_source(args)
-    _needs("", "torch")
-    from .tiny import TINY_DIMS, make_tiny
+    from .tiny_stdlib import TINY_DIMS, check_seed, tiny_layout
+    from .writer import prepare_output
 
     dims = _dims(args, TINY_DIMS)
-    try:
-        out = make_tiny(
-            args.out, dims=dims, padded_hidden_size=args.padded_hidden_size,
-            padded_intermediate_size=args.padded_intermediate_size,
-            max_shard_size=_size(args.max_shard_size), seed=args.seed, overwrite=args.overwrite,
-        )
-    except ValueError as exc:
+    max_shard_size = _size(args.max_shard_size)
+    try:  # every argument and OUT checked before torch is imported or anything is written
+        tiny_layout(dims, args.padded_hidden_size, args.padded_intermediate_size)
+        check_seed(args.seed)
+        prepare_output(os.path.abspath(args.out), overwrite=args.overwrite)
+    except (ValueError, NxdiGptossFp8Error) as exc:
         raise UsageError(str(exc)) from None
-    report = preflight(out, allow_custom_model=True)
+    _needs("", "torch")
+    from .tiny import make_tiny
+
+    out = make_tiny(
+        args.out, dims=dims, padded_hidden_size=args.padded_hidden_size,
+        padded_intermediate_size=args.padded_intermediate_size,
+        max_shard_size=max_shard_size, seed=args.seed, overwrite=args.overwrite,
+    )
+    custom = fmt.profile_for_dims(dims) == fmt.PROFILE_CUSTOM
+    report = preflight(out, allow_custom_model=custom)
     print(f"wrote {out}")
     print(report.render_text())
+    if custom and report.ok:
+        print(f"a custom profile: valid with the opt-in only (--allow-custom-model, or {fmt.ALLOW_CUSTOM_ENV}=1 "
+              "for loading with NxDI); without it every command refuses it by design")
+    flag = " --allow-custom-model" if custom else ""
+    print(f"next: nxdi-gptoss-fp8 validate {out}{flag}   or   nxdi-gptoss-fp8 inspect {out}{flag}")
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
 
+_SOURCE_KINDS = {"mxfp4": "HF MXFP4", "bf16": "HF BF16", "ct-fp8": "compressed-tensors FP8 (llm-compressor FP8_DYNAMIC)"}
+
+
 def _make_tiny_source(args: argparse.Namespace) -> int:
-    """``make-tiny --hf-mxfp4`` / ``--hf-bf16``: a tiny synthetic HF source to try ``convert`` on."""
-    _needs(f"--hf-{args.hf}", "torch", "safetensors")
-    from .synthetic import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
+    """``make-tiny --hf-mxfp4`` / ``--hf-bf16`` / ``--ct-fp8``: a tiny synthetic source to try
+    ``convert`` on, checked first and written whole (into a hidden folder beside OUT, renamed at the end)."""
+    option = f"--{'ct-fp8' if args.hf == 'ct-fp8' else 'hf-' + args.hf}"
+    if args.padded_hidden_size is not None or args.padded_intermediate_size is not None:
+        raise UsageError("a source is never padded: pass --padded-hidden-size/--padded-intermediate-size to convert")
+    from .tiny_stdlib import SOURCE_DIMS, check_seed, tiny_layout
     from .writer import prepare_output
 
-    if args.padded_hidden_size is not None or args.padded_intermediate_size is not None:
-        raise UsageError("an HF source is never padded: pass --padded-hidden-size/--padded-intermediate-size to convert")
+    dims = _dims(args, SOURCE_DIMS)
     try:
+        tiny_layout(dims, None, None, block=32 if args.hf == "mxfp4" else None)  # 32: the MXFP4 block
+        check_seed(args.seed)
         prepare_output(os.path.abspath(args.out), overwrite=args.overwrite)
-    except NxdiGptossFp8Error as exc:
+    except (ValueError, NxdiGptossFp8Error) as exc:
         raise UsageError(str(exc)) from None
-    if args.overwrite and os.path.isdir(args.out):
-        import shutil
+    _needs(option, "torch", "safetensors")
+    import shutil
+    import tempfile
 
-        shutil.rmtree(args.out)
-    source_kind = SOURCE_MXFP4 if args.hf == "mxfp4" else SOURCE_BF16
-    out = make_source(args.out, source_kind, dims=_dims(args, SOURCE_DIMS), seed=args.seed, original=False)
-    kind = "MXFP4" if args.hf == "mxfp4" else "BF16"
-    print(f"wrote a tiny synthetic HF {kind} GPT-OSS source to {out} (random values, the published repos' layout)")
+    from .synthetic import SOURCE_BF16, SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, current_umask, make_source
+
+    out = os.path.abspath(args.out)
+    parent, name = os.path.split(out)
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
+    try:
+        os.chmod(work, 0o777 & ~current_umask())  # mkdtemp makes it 0700; OUT gets the user's umask
+        kind = {"mxfp4": SOURCE_MXFP4, "bf16": SOURCE_BF16, "ct-fp8": SOURCE_COMPRESSED_TENSORS}[args.hf]
+        make_source(work, kind, dims=dims, seed=args.seed, original=False)
+        if os.path.isdir(out) and args.overwrite:
+            shutil.rmtree(out)
+        elif os.path.isdir(out):
+            os.rmdir(out)  # empty: prepare_output said so
+        os.rename(work, out)
+    finally:
+        if os.path.isdir(work):
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote a tiny synthetic {_SOURCE_KINDS[args.hf]} GPT-OSS source to {out} (random values, the published "
+          "repos' layout)")
     print(f"try: nxdi-gptoss-fp8 convert {out} {out}-fp8 && nxdi-gptoss-fp8 verify-conversion {out}-fp8 --source {out}")
     return EXIT_OK
 
@@ -173,12 +209,38 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if run_demo() else EXIT_FINDINGS
 
 
+INFERENCE_DEMO_HELP = """\
+usage: nxdi-gptoss-fp8 inference-demo ARGS...
+
+Register the normalized-FP8 hook on NxDI's GPT-OSS model, then run NxDI's own inference_demo
+with ARGS unchanged (every argument, --help included, is NxDI's). Select the normalized path
+with CHECKPOINT_FORMAT=normalized_fp8 and point NxDI at the checkpoint, e.g.
+
+  CHECKPOINT_FORMAT=normalized_fp8 nxdi-gptoss-fp8 inference-demo --model-type gpt_oss \\
+      --task-type causal-lm run --model-path DIR --compiled-model-path OUT \\
+      --quantized --quantized-checkpoints-path DIR --quantization-type expert_wise_per_channel_symmetric \\
+      --quantization-dtype f8e4m3 ...
+
+The hook runs the same preflight as `nxdi-gptoss-fp8 validate DIR` before any tensor is read:
+check the checkpoint on any host first (add --neuron-config with NxDI's config to check that
+too). Needs NxDI (neuronx-distributed-inference) and a Neuron host."""
+
+
 def _cmd_inference_demo(args: argparse.Namespace) -> int:
     from . import nxdi_hook
 
-    if not nxdi_hook.nxdi_available():
+    asks_help = not args.nxdi_args or args.nxdi_args[0] in ("-h", "--help")
+    available = nxdi_hook.nxdi_available()
+    if asks_help:
+        print(INFERENCE_DEMO_HELP)
+        if not available:
+            print("\nNxDI is not installed here, so its inference_demo options cannot be listed.")
+            return EXIT_OK if args.nxdi_args else EXIT_USAGE
+        print("\nNxDI's inference_demo options follow.\n", flush=True)
+    if not available:
         raise UsageError("NxDI (neuronx-distributed-inference) is not installed here: run this on a Neuron host "
-                         "with NxDI installed; it registers the hook, then runs NxDI's inference_demo")
+                         "with NxDI installed; it registers the hook, then runs NxDI's inference_demo "
+                         "(`nxdi-gptoss-fp8 inference-demo --help` explains)")
     return nxdi_hook.run_inference_demo(args.nxdi_args)
 
 
@@ -251,6 +313,8 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_forward(args: argparse.Namespace) -> int:
+    _checkpoint_dir(args.path)  # a missing or unusable path is a usage error (exit 2), as everywhere
+    _checkpoint_dir(args.source, "--source, the HF checkpoint directory it was made from")
     from .errors import ConversionError, CpuModelError
     from .forward_check import check_forward
 
@@ -355,15 +419,22 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
     tiny = commands.add_parser(
         "make-tiny", help="write a valid tiny custom-profile checkpoint, or a tiny HF source for convert (needs torch)",
         description="Write a tiny, valid normalized checkpoint with random values, for tests and demos. "
-                    "Dimensions default to a 2-layer, 4-expert, 64-wide model. With --hf-mxfp4 or --hf-bf16, "
-                    "write a tiny synthetic HF GPT-OSS source instead (2 layers, 3 experts, H 64, I 96), to try "
-                    "convert and verify-conversion without downloading a published checkpoint.",
+                    "Dimensions default to a 2-layer, 4-expert, 64-wide model; a custom profile like that is "
+                    "valid with --allow-custom-model (or NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL=1) only. With "
+                    "--hf-mxfp4, --hf-bf16 or --ct-fp8, write a tiny synthetic source instead (2 layers, 3 experts, "
+                    "H 64, I 96), to try convert and verify-conversion without downloading a published checkpoint. "
+                    "The arguments are checked first, by the format's rules (each size 1 … 2^31, experts per "
+                    "token at most the experts, query heads a multiple of key/value heads, MXFP4 sizes whole "
+                    "32-blocks, at most 10,000 tensors and 256 MB); OUT must be empty or absent (exit 2).",
     )
     source_kind = tiny.add_mutually_exclusive_group()
     source_kind.add_argument("--hf-mxfp4", dest="hf", action="store_const", const="mxfp4",
                              help="write an HF MXFP4 source (like openai/gpt-oss-*) instead")
     source_kind.add_argument("--hf-bf16", dest="hf", action="store_const", const="bf16",
                              help="write an HF BF16 source (dense experts) instead")
+    source_kind.add_argument("--ct-fp8", dest="hf", action="store_const", const="ct-fp8",
+                             help="write a compressed-tensors FP8 source (llm-compressor FP8_DYNAMIC, per-expert "
+                                  "linear layers, even/odd gate/up split) instead")
     tiny.add_argument("out", help="output directory (must be empty or absent)")
     for field, flag, meaning in (
         ("num_hidden_layers", "--layers", "decoder layers"),
