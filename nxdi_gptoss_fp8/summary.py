@@ -130,7 +130,7 @@ class Inspection:
     @property
     def known(self) -> bool:
         """A directory of a kind this tool recognizes, with nothing refused (what ``ok`` meant
-        before 0.3: an HF checkpoint is known, not ok)."""
+        in 0.2: an HF checkpoint is known, not ok)."""
         return self.recognition.known and not self.recognition.refused
 
     @property
