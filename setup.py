@@ -3,7 +3,29 @@ loading, converting and make-tiny need torch (install the build you need first, 
 README's Install section); running a model needs the AWS Neuron SDK, which this package never
 installs."""
 
+import os
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The format document: one copy in the source tree (docs/format.md), shipped inside the package
+# as nxdi_gptoss_fp8/format.md, where runtime messages and `nxdi-gptoss-fp8 --help` find it.
+FORMAT_DOCUMENT = os.path.join("docs", "format.md")
+
+
+class BuildWithFormatDocument(build_py):
+    """build_py that also copies docs/format.md into the built package (wheels, installs)."""
+
+    def run(self) -> None:
+        super().run()
+        target = os.path.join(self.build_lib, "nxdi_gptoss_fp8", "format.md")
+        self.mkpath(os.path.dirname(target))
+        self.copy_file(os.path.join(HERE, FORMAT_DOCUMENT), target)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, "nxdi_gptoss_fp8", "format.md")]
+
 
 setup(
     name="nxdi-gptoss-fp8",
@@ -21,7 +43,8 @@ setup(
     },
     python_requires=">=3.10",
     packages=find_packages(include=["nxdi_gptoss_fp8", "nxdi_gptoss_fp8.*"]),
-    package_data={"nxdi_gptoss_fp8": ["py.typed"]},
+    package_data={"nxdi_gptoss_fp8": ["py.typed", "format.md"]},
+    cmdclass={"build_py": BuildWithFormatDocument},
     install_requires=[],
     extras_require={
         # install the torch build you need first (CPU index, or torch-neuronx's on a Neuron host):
@@ -35,6 +58,7 @@ setup(
         "test": [
             "torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60",
             "pytest>=7.4", "hypothesis>=6.80", "ruff>=0.4", "huggingface_hub>=0.20",
+            "setuptools>=61",  # the packaging test builds the wheel
             # imported by NxDI's own modules in the nxdi tests (NXDI_SRC); NxDI pins 4.57.*
             "transformers>=4.55,<5",
             # the model card's front matter is read back with a YAML parser

@@ -31,12 +31,15 @@ from .integrity import check_digests
 from .nxdi_config import (
     Problem,
     bounded_int,
+    config_field_problems,
     describe,
     has_model_fields,
     model_config_problems,
     model_part,
     neuron_config_problems,
     neuron_config_view,
+    read_config_file,
+    switch_from_env,
 )
 from .safetensors_header import FileIdentity, HeaderError, SafetensorsHeader, TensorInfo, read_header
 from .strict_json import JsonError, parse_json_strict
@@ -50,14 +53,14 @@ MAX_SCALE_BYTES = 1024 * 1024 * 1024
 NESTED_SEARCH_DEPTH = 2
 NESTED_SEARCH_ENTRIES = 10_000
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-_TRUTHY = {"1", "true", "yes", "on"}
 NOT_CHECKED_SCALES = "scale values"
 
 
 def allow_custom_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL`` opts in to custom-profile checkpoints."""
-    value = (os.environ if environ is None else environ).get(fmt.ALLOW_CUSTOM_ENV, "")
-    return value.strip().lower() in _TRUTHY
+    """Whether ``NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL`` opts in to custom-profile checkpoints
+    (``nxdi_config.parse_switch``; ``ConfigError`` for a value that is neither on nor off)."""
+    return switch_from_env(fmt.ALLOW_CUSTOM_ENV, os.environ if environ is None else environ,
+                           "accept custom-profile checkpoints")
 
 
 @dataclass
@@ -77,6 +80,8 @@ class CheckpointView:
     locations: dict[str, list[str]] = field(default_factory=dict)
     # config.json / index → (identity of the file read, SHA-256 of its bytes): bound into the report
     json_files: dict[str, tuple[FileIdentity, str]] = field(default_factory=dict)
+    # what ``recognize`` says the directory is, once asked (``foreign_recognition``)
+    recognition: Any = None
 
     def tensor(self, key: str) -> tuple[str, TensorInfo] | None:
         """Where ``key`` physically is: the shard the index names if it holds it, else any."""
@@ -87,6 +92,33 @@ class CheckpointView:
         if shard not in shards:
             shard = shards[0]
         return shard, self.headers[shard].tensors[key]
+
+
+# The checkpoint kinds ``recognize`` names that are not normalized (compiled NxDI output and
+# pre-sharded weights are not checkpoints to convert or load with CHECKPOINT_FORMAT).
+_FOREIGN_KINDS = ("hf-mxfp4", "hf-bf16", "compressed-tensors-fp8", "compressed-tensors", "nxdi-legacy-bf16",
+                  "nxdi-legacy-fp8", "openai-original")
+_HF_KINDS = _FOREIGN_KINDS[:4]
+
+
+def foreign_recognition(view: CheckpointView) -> Any:
+    """What ``inspect`` says the directory is when it is another kind of checkpoint (HF,
+    compressed-tensors, legacy: a ``recognize.Recognition``), else None. Asked once per view,
+    and only for a directory that is not normalized: a valid checkpoint never pays for it."""
+    if view.recognition is None:
+        from .recognize import recognize
+
+        view.recognition = recognize(view.root)
+    return view.recognition if view.recognition.kind in _FOREIGN_KINDS else None
+
+
+def _foreign_advice(view: CheckpointView) -> str | None:
+    """``this is an HF BF16 checkpoint: convert it with …``: inspect's verdict and action, for
+    an HF or compressed-tensors directory."""
+    recognition = foreign_recognition(view)
+    if recognition is None or recognition.kind not in _HF_KINDS:
+        return None
+    return f"this is {recognition.title}: {', or '.join(recognition.actions)}"
 
 
 def preflight(
@@ -102,11 +134,12 @@ def preflight(
     """Check the checkpoint directory ``path`` against the normalized-FP8 format (docs/format.md).
 
     Args:
-        path: the checkpoint directory.
-        neuron_config: NxDI's NeuronConfig, or a mapping of its attributes (flat, or nested
-            under ``"neuron_config"`` as NxDI saves it); enables the ``neuron_config`` checks.
-        inference_config: NxDI's InferenceConfig (or a mapping); its model dimensions must
-            agree with the checkpoint's ``config.json``.
+        path: the checkpoint directory (a str or ``os.PathLike``).
+        neuron_config: NxDI's NeuronConfig, a mapping of its attributes (flat, or nested
+            under ``"neuron_config"`` as NxDI saves it), or the path of such a JSON file (read
+            as ``validate --neuron-config`` reads it); enables the ``neuron_config`` checks.
+        inference_config: NxDI's InferenceConfig (or a mapping, or a JSON file's path); its
+            model dimensions must agree with the checkpoint's ``config.json``.
         allow_custom_model: accept a ``custom`` model profile (tiny test models).
         read_scales: read the expert scales and check their values (the default); False gives
             a headers-only verdict and an info finding saying the values were not checked.
@@ -118,11 +151,21 @@ def preflight(
 
     Returns:
         A ``PreflightReport`` with every finding; ``report.ok`` is the verdict. Never raises
-        for a malformed checkpoint (only for a missing optional dependency). Example::
+        for a malformed checkpoint; raises ``TypeError`` for an argument of the wrong type (a
+        flag that is not a bool, a config that is a number or a list), ``ConfigError`` for a
+        config file that cannot be read, ``MissingDependencyError`` for a missing optional
+        dependency. Example::
 
             report = preflight("/ckpt/gpt-oss-120b-fp8")
             report.raise_if_failed()
     """
+    path = _checked_path(path)
+    neuron_config = _checked_config(neuron_config, "neuron_config")
+    inference_config = _checked_config(inference_config, "inference_config")
+    for name, flag in (("allow_custom_model", allow_custom_model), ("read_scales", read_scales), ("deep", deep),
+                       ("verify_checksums", verify_checksums)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"preflight({name}=...) takes True or False, not {type(flag).__name__} {describe(flag)}")
     if deep:
         from . import deep_scan
 
@@ -134,7 +177,7 @@ def preflight(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        report = _run_checks(os.fspath(path), neuron_config=neuron_config, inference_config=inference_config,
+        report = _run_checks(path, neuron_config=neuron_config, inference_config=inference_config,
                              allow_custom_model=allow_custom_model, read_scales=read_scales, deep=deep,
                              verify_checksums=verify_checksums)
     finally:
@@ -142,6 +185,36 @@ def preflight(
             gc.enable()
     report.elapsed_s = time.perf_counter() - started
     return report
+
+
+def _checked_path(path: Any) -> str:
+    """``path`` as a str: a str or ``os.PathLike`` of str, else ``TypeError``."""
+    try:
+        root = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"preflight(path) takes the checkpoint directory as a str or os.PathLike, not "
+                        f"{type(path).__name__}") from None
+    if not isinstance(root, str):
+        raise TypeError(f"preflight(path) takes a str path, not {type(root).__name__}: decode it first")
+    return root
+
+
+# config values that can only be a mistake (NxDI's configs are objects or mappings)
+_NOT_A_CONFIG = (bool, int, float, complex, bytes, bytearray, list, tuple, set, frozenset)
+
+
+def _checked_config(config: Any, name: str) -> Any:
+    """A config argument as the checks take it: a path is read as a JSON file (``ConfigError``
+    when it cannot be), a number, string of bytes or sequence is a ``TypeError``."""
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if not isinstance(path, str):
+            raise TypeError(f"preflight({name}=...) takes a str path, not {type(path).__name__}")
+        return read_config_file(path, f"{name} {path}")
+    if isinstance(config, _NOT_A_CONFIG):
+        raise TypeError(f"preflight({name}=...) takes NxDI's config object, a mapping of its attributes or the "
+                        f"path of its JSON file, not {type(config).__name__}")
+    return config
 
 
 def _run_checks(root: str, *, neuron_config: Any, inference_config: Any, allow_custom_model: bool,
@@ -178,7 +251,7 @@ def _run_checks(root: str, *, neuron_config: Any, inference_config: Any, allow_c
     report.shards = len(view.headers)
     report.tensors = len(view.locations)
     report.checked = seal(
-        view, root=os.path.realpath(root), headers_only=not read_scales, errors=report.error_count,
+        view, root=root if "\x00" in root else os.path.realpath(root), headers_only=not read_scales, errors=report.error_count,
         allow_custom_model=allow_custom_model,
         deep=deep, verify_checksums=verify_checksums, config=bound_config(neuron_config, inference_config),
         json_files=view.json_files,
@@ -190,6 +263,10 @@ def _run_checks(root: str, *, neuron_config: Any, inference_config: Any, allow_c
 
 
 def _check_directory(view: CheckpointView, report: PreflightReport) -> bool:
+    if "\x00" in view.root:  # no file name holds one (os functions raise ValueError)
+        report.add("filesystem", "missing_directory", f"{view.root!r} contains a NUL byte: no directory has that name",
+                   file=view.root)
+        return False
     if not os.path.exists(view.root):
         report.add("filesystem", "missing_directory", f"{view.root} does not exist", file=view.root)
         return False
@@ -388,6 +465,7 @@ def _check_config(view: CheckpointView, report: PreflightReport) -> None:
     except fmt.ConfigFieldError as exc:
         report.add("config", exc.reason, f"{exc.field}: {exc.problem}; the namespace cannot be derived", file=name, key=exc.field)
     _add_problems(report, model_config_problems(config, view.dims, check="config", what=name, compare_dims=False), file=name)
+    _add_problems(report, config_field_problems(config, view.dims), file=name)
 
 
 def _add_problems(report: PreflightReport, problems: list[Problem], *, file: str | None = None) -> None:
@@ -464,12 +542,13 @@ def _check_metadata_fields(view: CheckpointView, report: PreflightReport, metada
     if not isinstance(metadata, dict):
         report.add("index", "missing_metadata", "metadata is missing or not an object", file=name, key="metadata")
         return
-    if "format" not in metadata and set(metadata) <= {"total_size"}:
+    if "format" not in metadata and set(metadata) <= {"total_size", "total_parameters"}:
+        advice = _foreign_advice(view) or (
+            f"this is a Hugging Face index: {fmt.convert_advice(view.root)} (an HF MXFP4 checkpoint also loads "
+            "with CHECKPOINT_FORMAT unset)")
         report.add(
             "index", "not_normalized",
-            f"the index has no normalized-format metadata (only {sorted(metadata)}): this is an HF "
-            "index; unset CHECKPOINT_FORMAT to load an HF checkpoint with NxDI, or convert it with "
-            "`nxdi-gptoss-fp8 convert`",
+            f"the index has no normalized-format metadata (only {sorted(metadata)}); {advice}",
             file=name, key="metadata",
         )
     view.metadata = metadata
@@ -712,7 +791,8 @@ def _check_namespace(view: CheckpointView, report: PreflightReport) -> None:
         if reason:
             report.add("namespace", "derived_key", f"{key} is {reason} at load time and must not be stored: remove it", file=where, key=key)
         elif foreign:
-            report.add("namespace", foreign[0], f"{key} is not a normalized name; {foreign[1]}", file=where, key=key)
+            hint = (_foreign_advice(view) if foreign[0] == "hf_name" else None) or foreign[1]
+            report.add("namespace", foreign[0], f"{key} is not a normalized name; {hint}", file=where, key=key)
         elif fmt.is_stray_scale(key):
             report.add("sidecar", "stray_scale", f"{key} is a scale the format does not have (only the expert .scale sidecars exist): remove it", file=where, key=key)
         elif expected is not None:

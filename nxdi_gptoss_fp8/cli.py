@@ -3,8 +3,8 @@
 A thin face over the library: each command parses its arguments, calls one library function
 and renders the result. Data goes to stdout, messages to stderr. Exit codes: 0 success /
 valid, 1 findings or a failed check, 2 usage error, unreadable input or a missing optional
-dependency (torch, numpy, NxDI). Known errors print one line; set NXDI_GPTOSS_FP8_DEBUG=1 for
-tracebacks. A closed stdout (``| head``) ends the command quietly.
+dependency (torch, numpy, NxDI) or a setting that cannot be read. Known errors print one line;
+set NXDI_GPTOSS_FP8_DEBUG=1 for tracebacks. A closed stdout (``| head``) ends the command quietly.
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ from typing import Any
 
 from . import __version__
 from . import format as fmt
-from .checks import allow_custom_from_env, preflight
+from .checks import allow_custom_from_env, foreign_recognition, preflight
 from .deps import OPTIONAL, missing, require
-from .errors import MissingDependencyError, NxdiGptossFp8Error
+from .errors import ConfigError, MissingDependencyError, NxdiGptossFp8Error
+from .findings import printable
+from .nxdi_config import switch_from_env
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 TEXT_FINDINGS_LIMIT = 50
+DEBUG_ENV = "NXDI_GPTOSS_FP8_DEBUG"
 
 
 class UsageError(Exception):
@@ -51,29 +54,22 @@ def _needs(purpose: str, *modules: str) -> None:
 
 
 def _load_neuron_config(path: str | None) -> dict[str, Any] | None:
-    """The ``--neuron-config`` JSON, read like every checkpoint JSON: regular file, strict, bounded."""
+    """The ``--neuron-config`` JSON, read like every checkpoint JSON: regular file, strict, bounded
+    (``nxdi_config.read_config_file``, which ``preflight(neuron_config=PATH)`` uses too)."""
     if path is None:
         return None
-    from .checks import MAX_JSON_FILE_SIZE
-    from .errors import NotRegularFileError
-    from .files import open_regular
-    from .strict_json import JsonError, parse_json_strict
+    from .nxdi_config import read_config_file
 
     try:
-        with open_regular(path) as handle:
-            raw = handle.read(MAX_JSON_FILE_SIZE + 1)
-        document = parse_json_strict(raw.decode("utf-8"), what=f"--neuron-config {path}", max_bytes=MAX_JSON_FILE_SIZE)
-    except NotRegularFileError as exc:
-        raise UsageError(f"--neuron-config: {exc}; pass a JSON file") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read --neuron-config {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"--neuron-config {path} is not UTF-8 text") from None
-    except JsonError as exc:
-        raise UsageError(f"--neuron-config {path}: {exc}") from None
-    if not isinstance(document, dict):
-        raise UsageError(f"--neuron-config {path} must hold a JSON object of NeuronConfig attributes")
-    return document
+        return read_config_file(path, f"--neuron-config {path}")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _allow_custom(args: argparse.Namespace) -> bool:
+    """``--allow-custom-model`` or the environment opt-in (read either way: a value that is
+    neither on nor off is refused even when the flag is given)."""
+    return allow_custom_from_env() or args.allow_custom_model
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -89,14 +85,19 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     report = preflight(
         args.path,
         neuron_config=neuron_config,
-        allow_custom_model=args.allow_custom_model or allow_custom_from_env(),
+        allow_custom_model=_allow_custom(args),
         read_scales=not args.headers_only,
         deep=args.deep,
         verify_checksums=args.verify_checksums,
     )
+    # another kind of checkpoint (HF, compressed-tensors, legacy): inspect's one-line verdict and action first
+    recognition = foreign_recognition(report.view) if not report.ok and report.view is not None else None
+    hint = recognition.hint() if recognition is not None else None
     if args.json:
-        print(report.to_json())
+        print(json.dumps({**report.to_dict(), "hint": hint}, indent=2))
     else:
+        if hint:
+            print(printable(hint))
         print(report.render_text(limit=None, summarize=False) if args.all else report.render_text(limit=TEXT_FINDINGS_LIMIT))
     if not report.clean:
         return EXIT_FINDINGS
@@ -137,7 +138,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from .recognize import NOT_A_DIRECTORY
     from .summary import inspect_directory
 
-    inspection = inspect_directory(args.path, allow_custom_model=args.allow_custom_model or allow_custom_from_env())
+    inspection = inspect_directory(args.path, allow_custom_model=_allow_custom(args))
     if inspection.recognition.kind == NOT_A_DIRECTORY and not args.json:
         raise UsageError("; ".join(inspection.recognition.evidence))
     if args.json:
@@ -146,7 +147,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(inspection.render_text())
     if inspection.recognition.kind == NOT_A_DIRECTORY:
         return EXIT_USAGE
-    return EXIT_OK if inspection.ok else EXIT_FINDINGS
+    return EXIT_OK if inspection.succeeded else EXIT_FINDINGS
 
 
 def _dims(args: argparse.Namespace, defaults: fmt.ModelDims) -> fmt.ModelDims:
@@ -159,44 +160,80 @@ def _dims(args: argparse.Namespace, defaults: fmt.ModelDims) -> fmt.ModelDims:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     if args.hf is not None:
         return _make_tiny_source(args)
-    _needs("", "torch")
-    from .tiny import TINY_DIMS, make_tiny
+    from .tiny_stdlib import TINY_DIMS, check_seed, tiny_layout
+    from .writer import prepare_output
 
     dims = _dims(args, TINY_DIMS)
-    try:
-        out = make_tiny(
-            args.out, dims=dims, padded_hidden_size=args.padded_hidden_size,
-            padded_intermediate_size=args.padded_intermediate_size,
-            max_shard_size=_size(args.max_shard_size), seed=args.seed, overwrite=args.overwrite,
-        )
-    except ValueError as exc:
+    max_shard_size = _size(args.max_shard_size)
+    try:  # every argument and OUT checked before torch is imported or anything is written
+        tiny_layout(dims, args.padded_hidden_size, args.padded_intermediate_size)
+        check_seed(args.seed)
+        prepare_output(os.path.abspath(args.out), overwrite=args.overwrite)
+    except (ValueError, NxdiGptossFp8Error) as exc:
         raise UsageError(str(exc)) from None
-    report = preflight(out, allow_custom_model=True)
+    _needs("", "torch")
+    from .tiny import make_tiny
+
+    out = make_tiny(
+        args.out, dims=dims, padded_hidden_size=args.padded_hidden_size,
+        padded_intermediate_size=args.padded_intermediate_size,
+        max_shard_size=max_shard_size, seed=args.seed, overwrite=args.overwrite,
+    )
+    custom = fmt.profile_for_dims(dims) == fmt.PROFILE_CUSTOM
+    report = preflight(out, allow_custom_model=custom)
     print(f"wrote {out}")
     print(report.render_text())
+    if custom and report.ok:
+        print(f"a custom profile: valid with the opt-in only (--allow-custom-model, or {fmt.ALLOW_CUSTOM_ENV}=1 "
+              "for loading with NxDI); without it every command refuses it by design")
+    flag = " --allow-custom-model" if custom else ""
+    print(f"next: nxdi-gptoss-fp8 validate {out}{flag}   or   nxdi-gptoss-fp8 inspect {out}{flag}")
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
 
+_SOURCE_KINDS = {"mxfp4": "HF MXFP4", "bf16": "HF BF16", "ct-fp8": "compressed-tensors FP8 (llm-compressor FP8_DYNAMIC)"}
+
+
 def _make_tiny_source(args: argparse.Namespace) -> int:
-    """``make-tiny --hf-mxfp4`` / ``--hf-bf16``: a tiny synthetic HF source to try ``convert`` on."""
-    _needs(f"--hf-{args.hf}", "torch", "safetensors")
-    from .synthetic import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
+    """``make-tiny --hf-mxfp4`` / ``--hf-bf16`` / ``--ct-fp8``: a tiny synthetic source to try
+    ``convert`` on, checked first and written whole (into a hidden folder beside OUT, renamed at the end)."""
+    option = f"--{'ct-fp8' if args.hf == 'ct-fp8' else 'hf-' + args.hf}"
+    if args.padded_hidden_size is not None or args.padded_intermediate_size is not None:
+        raise UsageError("a source is never padded: pass --padded-hidden-size/--padded-intermediate-size to convert")
+    from .tiny_stdlib import SOURCE_DIMS, check_seed, tiny_layout
     from .writer import prepare_output
 
-    if args.padded_hidden_size is not None or args.padded_intermediate_size is not None:
-        raise UsageError("an HF source is never padded: pass --padded-hidden-size/--padded-intermediate-size to convert")
+    dims = _dims(args, SOURCE_DIMS)
     try:
+        tiny_layout(dims, None, None, block=32 if args.hf == "mxfp4" else None)  # 32: the MXFP4 block
+        check_seed(args.seed)
         prepare_output(os.path.abspath(args.out), overwrite=args.overwrite)
-    except NxdiGptossFp8Error as exc:
+    except (ValueError, NxdiGptossFp8Error) as exc:
         raise UsageError(str(exc)) from None
-    if args.overwrite and os.path.isdir(args.out):
-        import shutil
+    _needs(option, "torch", "safetensors")
+    import shutil
+    import tempfile
 
-        shutil.rmtree(args.out)
-    source_kind = SOURCE_MXFP4 if args.hf == "mxfp4" else SOURCE_BF16
-    out = make_source(args.out, source_kind, dims=_dims(args, SOURCE_DIMS), seed=args.seed, original=False)
-    kind = "MXFP4" if args.hf == "mxfp4" else "BF16"
-    print(f"wrote a tiny synthetic HF {kind} GPT-OSS source to {out} (random values, the published repos' layout)")
+    from .synthetic import SOURCE_BF16, SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, current_umask, make_source
+
+    out = os.path.abspath(args.out)
+    parent, name = os.path.split(out)
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
+    try:
+        os.chmod(work, 0o777 & ~current_umask())  # mkdtemp makes it 0700; OUT gets the user's umask
+        kind = {"mxfp4": SOURCE_MXFP4, "bf16": SOURCE_BF16, "ct-fp8": SOURCE_COMPRESSED_TENSORS}[args.hf]
+        make_source(work, kind, dims=dims, seed=args.seed, original=False)
+        if os.path.isdir(out) and args.overwrite:
+            shutil.rmtree(out)
+        elif os.path.isdir(out):
+            os.rmdir(out)  # empty: prepare_output said so
+        os.rename(work, out)
+    finally:
+        if os.path.isdir(work):
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote a tiny synthetic {_SOURCE_KINDS[args.hf]} GPT-OSS source to {out} (random values, the published "
+          "repos' layout)")
     print(f"try: nxdi-gptoss-fp8 convert {out} {out}-fp8 && nxdi-gptoss-fp8 verify-conversion {out}-fp8 --source {out}")
     return EXIT_OK
 
@@ -207,12 +244,38 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if run_demo() else EXIT_FINDINGS
 
 
+INFERENCE_DEMO_HELP = """\
+usage: nxdi-gptoss-fp8 inference-demo ARGS...
+
+Register the normalized-FP8 hook on NxDI's GPT-OSS model, then run NxDI's own inference_demo
+with ARGS unchanged (every argument, --help included, is NxDI's). Select the normalized path
+with CHECKPOINT_FORMAT=normalized_fp8 and point NxDI at the checkpoint, e.g.
+
+  CHECKPOINT_FORMAT=normalized_fp8 nxdi-gptoss-fp8 inference-demo --model-type gpt_oss \\
+      --task-type causal-lm run --model-path DIR --compiled-model-path OUT \\
+      --quantized --quantized-checkpoints-path DIR --quantization-type expert_wise_per_channel_symmetric \\
+      --quantization-dtype f8e4m3 ...
+
+The hook runs the same preflight as `nxdi-gptoss-fp8 validate DIR` before any tensor is read:
+check the checkpoint on any host first (add --neuron-config with NxDI's config to check that
+too). Needs NxDI (neuronx-distributed-inference) and a Neuron host."""
+
+
 def _cmd_inference_demo(args: argparse.Namespace) -> int:
     from . import nxdi_hook
 
-    if not nxdi_hook.nxdi_available():
+    asks_help = not args.nxdi_args or args.nxdi_args[0] in ("-h", "--help")
+    available = nxdi_hook.nxdi_available()
+    if asks_help:
+        print(INFERENCE_DEMO_HELP)
+        if not available:
+            print("\nNxDI is not installed here, so its inference_demo options cannot be listed.")
+            return EXIT_OK if args.nxdi_args else EXIT_USAGE
+        print("\nNxDI's inference_demo options follow.\n", flush=True)
+    if not available:
         raise UsageError("NxDI (neuronx-distributed-inference) is not installed here: run this on a Neuron host "
-                         "with NxDI installed; it registers the hook, then runs NxDI's inference_demo")
+                         "with NxDI installed; it registers the hook, then runs NxDI's inference_demo "
+                         "(`nxdi-gptoss-fp8 inference-demo --help` explains)")
     return nxdi_hook.run_inference_demo(args.nxdi_args)
 
 
@@ -293,6 +356,8 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_forward(args: argparse.Namespace) -> int:
+    _checkpoint_dir(args.path)  # a missing or unusable path is a usage error (exit 2), as everywhere
+    _checkpoint_dir(args.source, "--source, the HF checkpoint directory it was made from")
     from .errors import ConversionError, CpuModelError
     from .forward_check import check_forward
 
@@ -301,7 +366,7 @@ def _cmd_check_forward(args: argparse.Namespace) -> int:
         report = check_forward(
             args.path, args.source, layers=args.layers, tokens=args.tokens, steps=args.steps,
             neuron_config=_load_neuron_config(args.neuron_config),
-            allow_custom_model=args.allow_custom_model,
+            allow_custom_model=_allow_custom(args),
         )
     except (CpuModelError, ConversionError, ValueError) as exc:  # cannot run, or unusable inputs
         raise UsageError(str(exc)) from None
@@ -333,16 +398,17 @@ def _add_output_options(command: argparse.ArgumentParser, *, max_shard_size: str
     command.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="nxdi-gptoss-fp8",
+        prog=prog,
         description=(
             "Validate, inspect, make and convert normalized static-FP8 GPT-OSS checkpoints for "
             "AWS NeuronX Distributed Inference. Validation reads headers only and needs no "
             "Neuron SDK: run it on any host before you load."
         ),
         epilog=("Exit codes: 0 valid/success, 1 findings or failed check, 2 usage error or unreadable input, "
-                "3 partial verdict (validate --headers-only: no errors in what was checked, not everything checked)."),
+                "3 partial verdict (validate --headers-only: no errors in what was checked, not everything checked). "
+                f"The format, every check and finding code: {fmt.format_document_ref()}"),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -399,15 +465,22 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = commands.add_parser(
         "make-tiny", help="write a valid tiny custom-profile checkpoint, or a tiny HF source for convert (needs torch)",
         description="Write a tiny, valid normalized checkpoint with random values, for tests and demos. "
-                    "Dimensions default to a 2-layer, 4-expert, 64-wide model. With --hf-mxfp4 or --hf-bf16, "
-                    "write a tiny synthetic HF GPT-OSS source instead (2 layers, 3 experts, H 64, I 96), to try "
-                    "convert and verify-conversion without downloading a published checkpoint.",
+                    "Dimensions default to a 2-layer, 4-expert, 64-wide model; a custom profile like that is "
+                    "valid with --allow-custom-model (or NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL=1) only. With "
+                    "--hf-mxfp4, --hf-bf16 or --ct-fp8, write a tiny synthetic source instead (2 layers, 3 experts, "
+                    "H 64, I 96), to try convert and verify-conversion without downloading a published checkpoint. "
+                    "The arguments are checked first, by the format's rules (each size 1 … 2^31, experts per "
+                    "token at most the experts, query heads a multiple of key/value heads, MXFP4 sizes whole "
+                    "32-blocks, at most 10,000 tensors and 256 MB); OUT must be empty or absent (exit 2).",
     )
     source_kind = tiny.add_mutually_exclusive_group()
     source_kind.add_argument("--hf-mxfp4", dest="hf", action="store_const", const="mxfp4",
                              help="write an HF MXFP4 source (like openai/gpt-oss-*) instead")
     source_kind.add_argument("--hf-bf16", dest="hf", action="store_const", const="bf16",
                              help="write an HF BF16 source (dense experts) instead")
+    source_kind.add_argument("--ct-fp8", dest="hf", action="store_const", const="ct-fp8",
+                             help="write a compressed-tensors FP8 source (llm-compressor FP8_DYNAMIC, per-expert "
+                                  "linear layers, even/odd gate/up split) instead")
     tiny.add_argument("out", help="output directory (must be empty or absent)")
     for field, flag, meaning in (
         ("num_hidden_layers", "--layers", "decoder layers"),
@@ -527,13 +600,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, prog: str = "nxdi-gptoss-fp8") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     for stream in (sys.stdout, sys.stderr):  # names from disk may not be valid UTF-8
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    debug = os.environ.get("NXDI_GPTOSS_FP8_DEBUG", "") not in ("", "0")
+    try:
+        debug = switch_from_env(DEBUG_ENV, os.environ, "tracebacks")
+    except ConfigError as exc:
+        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     _log_to_stderr()
     try:
         code = int(args.handler(args))
@@ -545,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except MissingDependencyError as exc:
+    except (MissingDependencyError, ConfigError) as exc:  # the environment or a setting, not the checkpoint
         print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ModuleNotFoundError as exc:  # an optional package that a lazy import needed

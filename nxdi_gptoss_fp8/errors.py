@@ -13,6 +13,12 @@ class NxdiGptossFp8Error(Exception):
     """Base class of every error this package raises on purpose."""
 
 
+class ConfigError(NxdiGptossFp8Error, ValueError):
+    """A setting the caller gave cannot be used as given: an on/off environment variable that is
+    neither on nor off, or a configuration file (``--neuron-config``, ``preflight(neuron_config=PATH)``)
+    that cannot be read as a JSON object. The message names the setting and what it accepts."""
+
+
 class PreflightError(NxdiGptossFp8Error):
     """The preflight found errors; ``report`` holds every finding, the message lists them.
 

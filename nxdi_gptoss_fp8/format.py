@@ -1,6 +1,7 @@
 """The normalized static-FP8 GPT-OSS checkpoint format, version 1, as code.
 
-This module is the single source of truth for the format described in ``docs/format.md``:
+This module is the single source of truth for the format described in ``docs/format.md``
+(installed as ``nxdi_gptoss_fp8/format.md``: ``format_document_path``):
 the index metadata, the model profiles and the exact tensor namespace (names, shapes, dtypes)
 that a checkpoint must hold. The preflight, the loader and
 the converter all derive what they expect from here. Stdlib only.
@@ -9,10 +10,31 @@ the converter all derive what they expect from here. Stdlib only.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+# The user document of the format: docs/format.md in the source tree, shipped in the package as
+# nxdi_gptoss_fp8/format.md (setup.py copies it at build time: one source of truth).
+FORMAT_DOCUMENT = "format.md"
+
+
+def format_document_path() -> str | None:
+    """Where the format document is on this machine: the installed copy inside the package, else
+    the source tree's ``docs/format.md`` (an editable install); None if neither is there."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(package, FORMAT_DOCUMENT), os.path.join(os.path.dirname(package), "docs", FORMAT_DOCUMENT)):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def format_document_ref() -> str:
+    """How a message cites the format document: its path here, or its name in the source tree."""
+    return format_document_path() or "docs/format.md of the nxdi-gptoss-fp8 source"
+
 
 FORMAT_NAME = "nxdi_gptoss_normalized_fp8"
 FORMAT_VERSION = 1
@@ -96,6 +118,81 @@ CONFIG_FIELD_ALIASES: dict[str, tuple[str, ...]] = {
     "num_local_experts": ("num_local_experts", "num_experts"),
     "num_experts_per_tok": ("num_experts_per_tok", "experts_per_token"),
 }
+
+
+# config.json, field by field (docs/format.md, "config.json, field by field"): NxDI reads the
+# file through transformers' GptOssConfig, then reads some fields, overwrites or ignores others.
+# Every field is in one of the tables below; any other is a warning naming it.
+#
+# Fields NxDI reads (each checked against the profile, the index or a bound).
+CONFIG_READ_FIELDS: frozenset[str] = frozenset({
+    *(name for field in ModelDims.__dataclass_fields__ for name in CONFIG_FIELD_ALIASES.get(field, (field,))),
+    "model_type", "architectures", "quantization_config", "attention_bias",
+    "original_hidden_size", "original_intermediate_size",
+    # rotary embedding: NxDI's own YaRN reads these (rope_scaling_factor / rope_ntk_alpha /
+    # rope_ntk_beta at the top level win over rope_scaling's factor / beta_slow / beta_fast)
+    "initial_context_length", "rope_theta", "rope_scaling", "rope_scaling_factor", "rope_ntk_alpha", "rope_ntk_beta",
+    "pad_token_id",
+    "torch_dtype", "dtype",  # NxDI's compute dtype, unless the neuron config overrides it
+})
+NXDI_RMS_NORM_EPS = 1e-05
+NXDI_SWIGLU_LIMIT = 7.0
+SLIDING_ATTENTION = "sliding_attention"
+FULL_ATTENTION = "full_attention"
+# Fields NxDI hard-codes: field → the values that say what NxDI computes (NxDI's first). Absent
+# is fine too. ``layer_types`` is one too (``nxdi_layer_types``), as are rope_scaling's
+# ``truncate``, ``original_max_position_embeddings`` and YaRN attention factors (below).
+CONFIG_HARD_CODED: dict[str, tuple[Any, ...]] = {
+    "rms_norm_eps": (NXDI_RMS_NORM_EPS,),  # set by NxDI's GptOssInferenceConfig
+    "swiglu_limit": (NXDI_SWIGLU_LIMIT,),  # NxDI's expert clamp limits (±7)
+    "tie_word_embeddings": (False,),  # NxDI keeps the stored lm_head (its tie is a no-op)
+    # NxDI sets "sigmoid" and always computes the clamped SwiGLU x·σ(1.702·x); the published
+    # configs say "silu" for the same computation
+    "hidden_act": ("silu", "sigmoid"),
+    "n_shared_experts": (0,),  # set by NxDI: GPT-OSS has no shared experts
+    "partial_rotary_factor": (1.0,),  # NxDI rotates the whole head
+}
+HARD_CODED_REASONS: dict[str, str] = {
+    "rms_norm_eps": f"NxDI's GPT-OSS always uses rms_norm_eps={NXDI_RMS_NORM_EPS}",
+    "swiglu_limit": f"NxDI's GPT-OSS always clamps the experts' SwiGLU at ±{NXDI_SWIGLU_LIMIT:g}",
+    "tie_word_embeddings": "NxDI's GPT-OSS never ties lm_head to embed_tokens (it keeps the stored lm_head; "
+                           "transformers would tie them)",
+    "hidden_act": "NxDI's GPT-OSS always computes the clamped SwiGLU x·sigmoid(1.702·x)",
+    "n_shared_experts": "NxDI's GPT-OSS has no shared experts",
+    "partial_rotary_factor": "NxDI's GPT-OSS rotates the whole head",
+}
+# rope_scaling's members: the ones NxDI reads (rope_type must be yarn: NxDI applies YaRN
+# whatever it says), and the ones it hard-codes (nxdi_config._rope_problems holds the values).
+ROPE_TYPE = "yarn"
+ROPE_SCALING_READ: frozenset[str] = frozenset({"rope_type", "type", "factor", "beta_fast", "beta_slow"})
+ROPE_SCALING_HARD_CODED: frozenset[str] = frozenset({
+    "truncate",  # NxDI never rounds the YaRN correction range: false (absent is true to transformers)
+    "original_max_position_embeddings",  # NxDI uses initial_context_length
+    "attention_factor", "mscale", "mscale_all_dim",  # NxDI's attention factor is 0.1·ln(factor) + 1
+})
+# Fields NxDI never uses to build or run the model (training, generation defaults, bookkeeping):
+# transformers' generic PretrainedConfig fields and GPT-OSS's own.
+CONFIG_INERT_FIELDS: frozenset[str] = frozenset({
+    "transformers_version", "_name_or_path", "max_position_embeddings", "use_cache", "initializer_range",
+    "attention_dropout", "router_aux_loss_coef", "output_router_logits", "use_sliding_window",
+    "num_cores_per_group",  # derived by NxDI (overwritten)
+    "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id",
+    "add_cross_attention", "bad_words_ids", "begin_suppress_tokens", "chunk_size_feed_forward",
+    "cross_attention_hidden_size", "diversity_penalty", "do_sample", "early_stopping",
+    "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty", "finetuning_task",
+    "forced_bos_token_id", "forced_eos_token_id", "id2label", "is_decoder", "is_encoder_decoder", "label2id",
+    "length_penalty", "max_length", "min_length", "no_repeat_ngram_size", "num_beam_groups", "num_beams",
+    "num_return_sequences", "output_attentions", "output_hidden_states", "output_scores", "prefix",
+    "problem_type", "pruned_heads", "remove_invalid_values", "repetition_penalty", "return_dict",
+    "return_dict_in_generate", "suppress_tokens", "task_specific_params", "temperature", "tf_legacy_loss",
+    "tie_encoder_decoder", "tokenizer_class", "top_k", "top_p", "torchscript", "typical_p", "use_bfloat16",
+})
+
+
+def nxdi_layer_types(num_hidden_layers: int) -> list[str]:
+    """What NxDI's GPT-OSS computes, whatever ``layer_types`` says: every even layer (0, 2, …)
+    slides its attention window, every odd layer attends fully."""
+    return [SLIDING_ATTENTION if layer % 2 == 0 else FULL_ATTENTION for layer in range(num_hidden_layers)]
 
 
 class ConfigFieldError(ValueError):
@@ -335,7 +432,10 @@ def ct_known_split(transformers_version: Any, nested: bool) -> tuple[str | None,
     return None, ""
 
 
-HF_HINT = f"this looks like an HF (MXFP4/BF16) checkpoint: {ADVICE_HF_LOAD}, or {convert_advice()}"
+# The namespace findings' hint when the directory is not one ``recognize`` names (it names the
+# kind when it can: checks.foreign_recognition); only HF MXFP4 also loads with NxDI's HF converter.
+HF_HINT = (f"this looks like a Hugging Face checkpoint: {convert_advice()} (if it is HF MXFP4, you can also "
+           f"{ADVICE_HF_LOAD}; HF BF16 and compressed-tensors it cannot load)")
 LEGACY_HINT = f"this looks like an NxDI legacy (block.N.*) checkpoint: {ADVICE_LEGACY_LOAD}"
 _FOREIGN_PATTERNS: tuple[tuple[re.Pattern[str], str, str], ...] = (
     (re.compile(r"^model\."), "hf_name", HF_HINT),
@@ -453,10 +553,7 @@ def hf_config(dims: ModelDims, **extra: Any) -> dict[str, Any]:
         "eos_token_id": dims.vocab_size - 2,
         **dims.as_dict(),
         "experts_per_token": dims.num_experts_per_tok,
-        "layer_types": [
-            "sliding_attention" if layer % 2 == 0 else "full_attention"
-            for layer in range(dims.num_hidden_layers)
-        ],
+        "layer_types": nxdi_layer_types(dims.num_hidden_layers),
         "quantization_config": {
             "quant_method": QUANT_METHOD,
             "quantization_type": QUANTIZATION_TYPE,

@@ -210,7 +210,7 @@ class LoadedCheckpoint:
         lines = [
             f"mapped {len(self.mapped)} tensors ({self.mapped_bytes:,} bytes) from {self.shards} shards "
             f"{how}: {dtypes}",
-            f"derived {len(self.derived)} runtime entries (docs/format.md, Entries that are never stored): "
+            f"derived {len(self.derived)} runtime entries ({fmt.format_document_ref()}, Entries that are never stored): "
             + ", ".join(_summarize_keys(self.derived)),
             f"copied {self.copied_bytes:,} bytes in total (derived entries"
             + (f", {len(self.cast)} dtype casts" if self.cast else "") + ")",

@@ -86,8 +86,12 @@ def is_near_miss(value: str) -> bool:
     The rule is a similarity test, not a list: separators and British spelling ignored, any
     mention of FP8/E4M3, anything starting like "normalized", or a string similarity ≥ 0.6.
     ``hf``, ``legacy``, ``neuron``, ``original`` and the empty string are not near misses.
+    Look-alikes from other scripts (full-width ``ｎｏｒｍａｌｉｚｅｄ＿ｆｐ８``, ligatures) are
+    folded with NFKC first, so they are near misses too, never "not normalized".
     """
-    squashed = _squash(value)
+    import unicodedata  # local: the rest of this module does not need it
+
+    squashed = _squash(unicodedata.normalize("NFKC", value))
     if not squashed or value.strip().lower() == NORMALIZED_FP8:
         return False
     if any(part in squashed for part in ("fp8", "f8", "e4m3")) or squashed.startswith(("norm", "nrm")):

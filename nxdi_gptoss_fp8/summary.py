@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import format as fmt
 from . import recognize as rz
 from .checks import CheckpointView, preflight
 from .findings import PreflightReport, printable
@@ -86,6 +87,7 @@ def _has_chat_template(path: str) -> bool:
 @dataclass
 class CheckpointSummary:
     report: PreflightReport
+    allow_custom_model: bool = False
     shards: list[ShardSummary] = field(default_factory=list)
     bytes_by_dtype: dict[str, int] = field(default_factory=dict)
     tensors_by_dtype: dict[str, int] = field(default_factory=dict)
@@ -131,8 +133,20 @@ class CheckpointSummary:
         lines.append(f"verdict     {'VALID' if self.report.ok else 'INVALID'}")
         if not self.report.ok:
             lines.extend(self.report.render_text(limit=INSPECT_FINDINGS_LIMIT).split("\n"))
-            lines.append(f"run `nxdi-gptoss-fp8 validate {self.report.path}` for every finding and its fix")
+            lines.append(f"run `{validate_command(self.report.path, self.report.profile)}` for every finding and its fix")
         return "\n".join(map(printable, lines))
+
+
+def validate_command(path: str, profile: str | None) -> str:
+    """The ``validate`` command that checks ``path`` as it is: with ``--allow-custom-model``
+    for a custom profile (without it, such a checkpoint is refused by design)."""
+    return f"nxdi-gptoss-fp8 validate {path}" + (" --allow-custom-model" if profile == fmt.PROFILE_CUSTOM else "")
+
+
+def custom_profile_action(path: str) -> str:
+    """What to do with a valid custom-profile checkpoint: every command needs the opt-in."""
+    return (f"CHECKPOINT_FORMAT=normalized_fp8 with {fmt.ALLOW_CUSTOM_ENV}=1 loads it (a custom profile is loaded "
+            f"only on request; check it first: `{validate_command(path, fmt.PROFILE_CUSTOM)}`)")
 
 
 def _human(size: int) -> str:
@@ -146,7 +160,7 @@ def inspect_checkpoint(path: str | os.PathLike[str], *, allow_custom_model: bool
     """
     report = preflight(path, allow_custom_model=allow_custom_model)
     view: CheckpointView = report.view
-    summary = CheckpointSummary(report=report)
+    summary = CheckpointSummary(report=report, allow_custom_model=allow_custom_model)
     by_bytes: Counter[str] = Counter()
     by_count: Counter[str] = Counter()
     for name, header in sorted(view.headers.items()):
@@ -177,13 +191,23 @@ class Inspection:
 
     @property
     def ok(self) -> bool:
-        """A recognized directory with nothing refused (and, if normalized, a valid one)."""
-        if self.summary is not None:
-            return self.summary.report.ok
-        return self.recognition.known and not self.recognition.refused and self.recognition.kind != rz.NORMALIZED
+        """What ``validate``'s ``ok`` says: a valid normalized checkpoint (False for any other kind)."""
+        return self.summary is not None and self.summary.report.ok
+
+    @property
+    def known(self) -> bool:
+        """A directory of a kind this tool recognizes, with nothing refused (what ``ok`` meant
+        in 0.2: an HF checkpoint is known, not ok)."""
+        return self.recognition.known and not self.recognition.refused
+
+    @property
+    def succeeded(self) -> bool:
+        """The exit status of ``inspect``: a known directory, and a valid one if it is normalized."""
+        return self.known and (self.ok if self.recognition.kind == rz.NORMALIZED else True)
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"path": self.recognition.path, "ok": self.ok, "recognized": self.recognition.to_dict()}
+        data: dict[str, Any] = {"path": self.recognition.path, "ok": self.ok, "known": self.known,
+                                "recognized": self.recognition.to_dict()}
         if self.summary is not None:
             data.update(self.summary.to_dict())
             data["ok"] = self.ok
@@ -229,6 +253,8 @@ def inspect_directory(path: str | os.PathLike[str], *, allow_custom_model: bool 
     inspection = Inspection(recognition)
     if recognition.kind == rz.NORMALIZED:
         inspection.summary = inspect_checkpoint(path, allow_custom_model=allow_custom_model)
+        if inspection.summary.report.profile == fmt.PROFILE_CUSTOM and recognition.actions:
+            recognition.actions[0] = custom_profile_action(recognition.path)  # the command it names must pass
     elif recognition.kind == rz.COMPILED:
         from .sharded_manifest import describe_presharded
 

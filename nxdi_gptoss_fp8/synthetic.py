@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save_file as _save_file
 
 from . import format as fmt
 from .convert import (
@@ -29,14 +29,10 @@ from .convert import (
     non_expert_names,
     source_specs,
 )
+from .mxfp4 import BLOCK_SIZE
 from .quant import FP8_DTYPE
+from .tiny_stdlib import SOURCE_DIMS, check_seed, tiny_layout
 
-# H ≠ I, so a missing transpose cannot hide behind a square shape.
-SOURCE_DIMS = fmt.ModelDims(
-    num_hidden_layers=2, num_local_experts=3, hidden_size=64, intermediate_size=96,
-    head_dim=16, num_attention_heads=4, num_key_value_heads=2, vocab_size=40,
-    num_experts_per_tok=2, sliding_window=8,
-)
 MXFP4_QUANTIZATION_CONFIG = {
     "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
     "quant_method": "mxfp4",
@@ -109,6 +105,27 @@ def shard_groups(names: list[str], shards: int | str) -> list[list[str]]:
     return [groups[key] for key in sorted(groups)]
 
 
+def current_umask() -> int:
+    """The process's umask (read without changing it where Linux tells it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def save_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' ``save_file`` with the file mode every other file gets (0666 less the umask):
+    safetensors creates its files 0600, which would make a source only its writer can read."""
+    _save_file(tensors, path, metadata=metadata)
+    os.chmod(path, 0o666 & ~current_umask())
+
+
 def write_indexed(root: str | os.PathLike[str], tensors: dict[str, torch.Tensor], config: dict, *,
                   shards: int | str = 2) -> Path:
     """Write ``config.json``, the shards ``model-0000N-of-0000M.safetensors`` and the index."""
@@ -145,6 +162,13 @@ def write_original_decoy(directory: Path, config: dict) -> None:
     (directory / "dtypes.json").write_text("{}")
 
 
+def check_source_dims(dims: fmt.ModelDims, kind: str) -> None:
+    """``ValueError`` naming every reason ``convert`` would refuse a source of ``kind`` with these
+    dimensions, or the result would not be a valid checkpoint (``tiny_stdlib.tiny_layout``: the
+    format's bounds, whole MXFP4 blocks, a tiny size); before any tensor is made."""
+    tiny_layout(dims, None, None, block=BLOCK_SIZE if kind == SOURCE_MXFP4 else None)
+
+
 def make_source(root: str | os.PathLike[str], kind: str = SOURCE_MXFP4, *, dims: fmt.ModelDims = SOURCE_DIMS,
                 seed: int = 0, scale_range: tuple[int, int] = EXACT_SCALE_RANGE, shards: int | str = 2,
                 original: bool = True) -> Path:
@@ -152,7 +176,8 @@ def make_source(root: str | os.PathLike[str], kind: str = SOURCE_MXFP4, *, dims:
     ``make_compressed_tensors_source``)."""
     if kind == SOURCE_COMPRESSED_TENSORS:
         return make_compressed_tensors_source(root, dims=dims, seed=seed, shards=shards if isinstance(shards, int) else 3)
-    tensors = source_tensors(dims, kind, seed=seed, scale_range=scale_range)
+    check_source_dims(dims, kind)
+    tensors = source_tensors(dims, kind, seed=check_seed(seed), scale_range=scale_range)
     return write_source(root, tensors, source_config(dims, kind), shards=shards, original=original)
 
 
@@ -261,7 +286,9 @@ def make_compressed_tensors_source(root: str | os.PathLike[str], *, dims: fmt.Mo
     HF BF16 source of the same ``seed``. Variants: A (default: ``experts.E``, even/odd,
     transformers 4.x), B (``nested=True``), C (``split="halves"``, transformers 5.x), D
     (even/odd, transformers 5.x)."""
-    tensors = compressed_tensors_tensors(source_tensors(dims, SOURCE_BF16, seed=seed), dims, split=split, nested=nested)
+    check_source_dims(dims, SOURCE_COMPRESSED_TENSORS)
+    tensors = compressed_tensors_tensors(source_tensors(dims, SOURCE_BF16, seed=check_seed(seed)), dims, split=split,
+                                         nested=nested)
     return write_transformers_shards(root, tensors, compressed_tensors_config(dims, transformers_version=transformers_version),
                                      shards=shards)
 
@@ -323,7 +350,7 @@ def write_legacy_fp8(out: str | os.PathLike[str], normalized: str | os.PathLike[
 
 
 __all__ = ["EXACT_SCALE_RANGE", "PER_LAYER", "REALISTIC_SCALE_RANGE", "SOURCE_BF16", "SOURCE_COMPRESSED_TENSORS",
-           "SOURCE_DIMS", "SOURCE_MXFP4", "compressed_tensors_config", "compressed_tensors_tensors",
+           "SOURCE_DIMS", "SOURCE_MXFP4", "compressed_tensors_config", "compressed_tensors_tensors", "current_umask",
            "legacy_fp8_tensors", "load_source", "make_compressed_tensors_source", "make_source",
            "quantize_fp8_channel", "shard_groups", "source_config", "source_tensors", "write_indexed",
            "write_legacy_fp8", "write_source", "write_transformers_shards"]

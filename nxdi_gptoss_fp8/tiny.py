@@ -12,7 +12,7 @@ import torch
 
 from . import format as fmt
 from .quant import quantize_expertwise
-from .tiny_stdlib import TINY_DIMS, TINY_MAX_SHARD_SIZE, tiny_layout, write_tiny
+from .tiny_stdlib import TINY_DIMS, TINY_MAX_SHARD_SIZE, check_seed, tiny_layout, write_tiny
 
 __all__ = ["TINY_DIMS", "TINY_MAX_SHARD_SIZE", "make_tiny", "tiny_tensors"]
 
@@ -71,7 +71,9 @@ def make_tiny(
     overwrite: bool = False,
 ) -> str:
     """Write a valid tiny normalized checkpoint to ``out`` (custom profile unless the
-    dimensions are a published profile's); returns the directory."""
-    layout = tiny_layout(dims, padded_hidden_size, padded_intermediate_size)
-    return write_tiny(out, layout, tiny_tensors(layout, seed=seed).items(), generator="nxdi-gptoss-fp8 make-tiny",
+    dimensions are a published profile's); returns the directory. ``ValueError`` before anything
+    is written when the dimensions, padded sizes, size or seed are not ones it can write
+    (``tiny_stdlib.tiny_layout``)."""
+    layout = tiny_layout(dims, padded_hidden_size, padded_intermediate_size)  # ValueError before any work
+    return write_tiny(out, layout, tiny_tensors(layout, seed=check_seed(seed)).items(), generator="nxdi-gptoss-fp8 make-tiny",
                       seed=seed, max_shard_size=max_shard_size, overwrite=overwrite)

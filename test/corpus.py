@@ -1468,6 +1468,92 @@ def _(ck: Ckpt) -> Options:
     return {"neuron_config": {k: v for k, v in GOOD_NEURON_CONFIG.items() if k != "quantization_type"}}
 
 
+# ============================================================================ config.json means what NxDI computes
+
+
+def _config_case(name: str, code: str, *, warning: bool = False, also: tuple[str, ...] = (),
+                 drop: tuple[str, ...] = (), **changes: Any) -> None:
+    """config.json with ``changes`` (``rope_scaling__member`` edits one member of rope_scaling; the
+    value ``_DROP`` removes it) and the top-level fields ``drop`` removed."""
+    @case(name, "config", code=f"config.{code}", warning=warning, also=also)
+    def _(ck: Ckpt) -> None:
+        config = ck.load(fmt.CONFIG_FILE)
+        for field in drop:
+            config.pop(field)
+        for field, value in changes.items():
+            if field.startswith("rope_scaling__"):
+                member = field[len("rope_scaling__"):]
+                if value is _DROP:
+                    config["rope_scaling"].pop(member)
+                else:
+                    config["rope_scaling"][member] = value
+            else:
+                config[field] = value
+        ck.save(fmt.CONFIG_FILE, config)
+
+
+_DROP = object()
+_TINY_LAYERS = 2  # the tiny base: layer 0 slides, layer 1 attends fully
+_config_case("config_layer_types_reversed", "layer_types_mismatch", layer_types=["full_attention", "sliding_attention"])
+_config_case("config_layer_types_all_full_attention", "layer_types_mismatch", layer_types=["full_attention"] * _TINY_LAYERS)
+_config_case("config_layer_types_all_sliding", "layer_types_mismatch", layer_types=["sliding_attention"] * _TINY_LAYERS)
+_config_case("config_layer_types_one_short", "layer_types_mismatch", layer_types=["sliding_attention"])
+_config_case("config_layer_types_one_long", "layer_types_mismatch",
+             layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+_config_case("config_layer_types_unknown_kind", "layer_types_mismatch", layer_types=["sliding_attention", "chunked_attention"])
+_config_case("config_layer_types_a_string", "layer_types_mismatch", layer_types="sliding_attention,full_attention")
+_config_case("config_rms_norm_eps_1e_6", "hard_coded_mismatch", rms_norm_eps=1e-6)
+_config_case("config_rms_norm_eps_as_string", "hard_coded_mismatch", rms_norm_eps="1e-05")
+_config_case("config_swiglu_limit_10", "hard_coded_mismatch", swiglu_limit=10.0)
+_config_case("config_swiglu_limit_true", "hard_coded_mismatch", swiglu_limit=True)
+_config_case("config_tie_word_embeddings_true", "hard_coded_mismatch", tie_word_embeddings=True)
+_config_case("config_tie_word_embeddings_string_false", "hard_coded_mismatch", tie_word_embeddings="false")
+_config_case("config_hidden_act_gelu", "hard_coded_mismatch", hidden_act="gelu")
+_config_case("config_shared_experts", "hard_coded_mismatch", n_shared_experts=1)
+_config_case("config_partial_rotary_factor_half", "hard_coded_mismatch", partial_rotary_factor=0.5)
+_config_case("config_rope_type_linear", "rope_mismatch", rope_scaling__rope_type="linear")
+_config_case("config_rope_legacy_type_dynamic", "rope_mismatch", rope_scaling__rope_type=_DROP, rope_scaling__type="dynamic")
+_config_case("config_rope_truncate_true", "rope_mismatch", rope_scaling__truncate=True)
+_config_case("config_rope_truncate_absent", "rope_mismatch", rope_scaling__truncate=_DROP)
+_config_case("config_rope_original_max_positions_8192", "rope_mismatch", rope_scaling__original_max_position_embeddings=8192)
+_config_case("config_rope_original_max_positions_absent", "rope_mismatch",  # transformers then takes max_position_embeddings
+             rope_scaling__original_max_position_embeddings=_DROP)
+_config_case("config_rope_attention_factor", "rope_mismatch", rope_scaling__attention_factor=1.2)
+_config_case("config_rope_mscale", "rope_mismatch", rope_scaling__mscale=1.0, rope_scaling__mscale_all_dim=0.5)
+_config_case("config_rope_scaling_factor_at_top_level_differs", "rope_mismatch", rope_scaling_factor=16.0)
+_config_case("config_rope_scaling_null", "bad_rope", rope_scaling=None)
+_config_case("config_rope_scaling_a_list", "bad_rope", rope_scaling=[32.0, 1.0, 32.0])
+_config_case("config_rope_factor_missing", "bad_rope", rope_scaling__factor=_DROP)
+_config_case("config_rope_factor_below_1", "bad_rope", rope_scaling__factor=0.5)
+_config_case("config_rope_beta_fast_missing", "bad_rope", rope_scaling__beta_fast=_DROP)
+_config_case("config_rope_beta_slow_string", "bad_rope", rope_scaling__beta_slow="1.0")
+_config_case("config_rope_betas_swapped", "bad_rope", rope_scaling__beta_fast=1.0, rope_scaling__beta_slow=32.0)
+_config_case("config_rope_theta_zero", "bad_rope", rope_theta=0)
+_config_case("config_rope_theta_negative", "bad_rope", rope_theta=-150000)
+_config_case("config_rope_theta_one", "bad_rope", rope_theta=1.0)
+_config_case("config_rope_theta_string", "bad_rope", rope_theta="150000")
+_config_case("config_rope_theta_null", "bad_rope", rope_theta=None)
+_config_case("config_initial_context_length_missing", "bad_field", drop=("initial_context_length",))
+_config_case("config_initial_context_length_zero", "out_of_range", initial_context_length=0)
+_config_case("config_pad_token_id_equals_vocab_size", "out_of_range", pad_token_id=128)
+_config_case("config_pad_token_id_negative", "out_of_range", pad_token_id=-1)
+_config_case("config_torch_dtype_unknown", "bad_field", torch_dtype="fp8")
+_config_case("config_torch_dtype_float32", "dtype_not_bfloat16", warning=True, torch_dtype="float32")
+_config_case("config_unknown_top_level_field", "unknown_field", warning=True, use_flash_attention_3=True)
+_config_case("config_unknown_rope_scaling_member", "unknown_field", warning=True, rope_scaling__low_freq_factor=1.0)
+
+
+@case("config_query_heads_not_a_multiple_of_kv_heads", "config", code="config.heads_indivisible")
+def _(ck: Ckpt) -> None:
+    ck.edit_config(num_key_value_heads=3)  # 4 query heads: the k/v shapes differ too (dtype_shape)
+
+
+_neuron_case("nc_quantized_string_false", "not_boolean", quantized="false")
+_neuron_case("nc_fused_qkv_integer_1", "not_boolean", fused_qkv=1)
+_neuron_case("nc_on_cpu_null", "not_boolean", on_cpu=None)
+_neuron_case("nc_vocab_parallel_string_true", "not_boolean", vocab_parallel="True")
+
+
 # ============================================================================ command line
 
 

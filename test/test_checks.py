@@ -402,6 +402,57 @@ def test_allow_custom_from_env(value: str, expected: bool) -> None:
     assert allow_custom_from_env({fmt.ALLOW_CUSTOM_ENV: value}) is expected
 
 
+@pytest.mark.parametrize("value", ["ture", "2", "enabled", "y", "of", "1 1", "\u0661"])
+def test_allow_custom_from_env_refuses_what_it_cannot_read(value: str) -> None:
+    """The one on/off parser: a switch that is neither on nor off is an error, never silently off."""
+    from nxdi_gptoss_fp8.errors import ConfigError
+    from nxdi_gptoss_fp8.nxdi_config import parse_verify_at_load
+
+    with pytest.raises(ConfigError, match=fmt.ALLOW_CUSTOM_ENV + ".*is not on or off"):
+        allow_custom_from_env({fmt.ALLOW_CUSTOM_ENV: value})
+    with pytest.raises(ValueError, match="is not on or off"):  # the same parser as verify-at-load
+        parse_verify_at_load(value)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"neuron_config": 2}, "not int"), ({"neuron_config": [GOOD_NEURON_CONFIG]}, "not list"),
+    ({"neuron_config": b"nc.json"}, "not bytes"), ({"inference_config": 1.5}, "not float"),
+    ({"allow_custom_model": "false"}, "True or False"), ({"deep": 1}, "True or False"),
+    ({"read_scales": None}, "True or False"), ({"verify_checksums": "yes"}, "True or False"),
+])
+def test_preflight_refuses_arguments_of_the_wrong_type(tiny_template: Path, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(TypeError, match=message):
+        preflight(tiny_template, **kwargs)
+
+
+@pytest.mark.parametrize("path", [3, b"/ckpt", None])
+def test_preflight_refuses_a_path_of_the_wrong_type(path: Any) -> None:
+    with pytest.raises(TypeError, match="preflight"):
+        preflight(path)
+
+
+def test_preflight_reads_a_neuron_config_path_as_the_cli_does(tiny_template: Path, tmp_path: Path) -> None:
+    from nxdi_gptoss_fp8.errors import ConfigError
+
+    nc = tmp_path / "nc.json"
+    nc.write_text(json.dumps({**GOOD_NEURON_CONFIG, "tp_degree": 3}))
+    for spelled in (str(nc), nc):
+        codes = {f.code for f in preflight(tiny_template, neuron_config=spelled, allow_custom_model=True).errors}
+        assert codes == {"neuron_config.expert_tp_indivisible"}
+    nc.write_text(json.dumps({"neuron_config": GOOD_NEURON_CONFIG}))
+    assert preflight(tiny_template, neuron_config=str(nc), allow_custom_model=True).ok
+    for content, message in (("{", "not valid JSON"), ("[]", "JSON object"), (None, "cannot read")):
+        (nc.write_text(content) if content is not None else nc.unlink())
+        with pytest.raises(ConfigError, match=message):
+            preflight(tiny_template, neuron_config=str(nc))
+
+
+@pytest.mark.parametrize("path", ["dir\x00x", "\x00", Path("a\x00b")])
+def test_a_path_with_a_nul_byte_is_a_finding_not_a_raw_value_error(path: Any) -> None:
+    report = preflight(path)
+    assert [f.code for f in report.errors] == ["filesystem.missing_directory"] and "NUL" in report.errors[0].message
+
+
 def _pad_header_with(ckpt: Path, pad: bytes) -> None:
     path = ckpt / shards(ckpt)[0]
     header, payload = raw_header(path)

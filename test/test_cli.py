@@ -57,7 +57,7 @@ def test_validate_json(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]
     code, out, _ = run(["validate", str(tiny_checkpoint), "--json", "--allow-custom-model"], capsys)
     document = json.loads(out)
     assert code == 1 and document["ok"] is False
-    assert set(document) == {"ok", "complete", "not_checked", "path", "summary", "findings"}
+    assert set(document) == {"ok", "complete", "not_checked", "path", "summary", "findings", "hint"}
     assert document["complete"] is True and document["not_checked"] == []
     assert {"errors", "warnings", "bytes_read", "elapsed_s", "shards", "tensors"} <= set(document["summary"])
     assert document["findings"][0] == {
@@ -111,6 +111,35 @@ def test_bad_neuron_config_file_is_a_usage_error(tiny_template: Path, tmp_path: 
         path.write_text(content)
     code, out, err = run(["validate", str(tiny_template), "--neuron-config", str(path)], capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
+@pytest.mark.parametrize(("content", "once"), [
+    ('{"a": 1, "a": 2}', "--neuron-config"), ("{nope", "--neuron-config"), (b"\xff", "--neuron-config"),
+    (None, "--neuron-config"), ("DIR", "--neuron-config"),
+])
+def test_neuron_config_errors_name_the_option_once(tiny_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   content: str | bytes | None, once: str) -> None:
+    path = tmp_path / "nc.json"
+    if content == "DIR":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    code, _, err = run(["validate", str(tiny_template), "--neuron-config", str(path)], capsys)
+    assert code == 2 and err.count(once) == 1 and err.count(str(path)) == 1, err
+
+
+@pytest.mark.parametrize(("variable", "argv"), [
+    (fmt.ALLOW_CUSTOM_ENV, ["validate", "CKPT"]), (fmt.ALLOW_CUSTOM_ENV, ["validate", "CKPT", "--allow-custom-model"]),
+    (fmt.ALLOW_CUSTOM_ENV, ["inspect", "CKPT"]), (cli.DEBUG_ENV, ["validate", "CKPT"]),
+])
+def test_a_switch_that_is_neither_on_nor_off_is_refused(tiny_template: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch, variable: str, argv: list[str]) -> None:
+    monkeypatch.setenv(variable, "ture")
+    code, out, err = run([str(tiny_template) if arg == "CKPT" else arg for arg in argv], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{variable}='ture' is not on or off" in err
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -225,6 +254,31 @@ def test_an_hf_checkpoint_is_summarized_and_all_lists_everything(tmp_path: Path,
     assert sum(f["code"] == "namespace.hf_name" for f in document["findings"]) > 30
 
 
+@pytest.mark.parametrize("kind", ["hf-bf16", "compressed-tensors-fp8", "hf-mxfp4"])
+def test_validate_of_another_kind_leads_with_inspects_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             kind: str) -> None:
+    """The first line is the recognizer's verdict and action; no finding advises NxDI's HF converter
+    for a checkpoint it cannot load (HF BF16, compressed-tensors)."""
+    from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, SOURCE_MXFP4, make_compressed_tensors_source, make_source
+
+    src = tmp_path / "src"
+    if kind == "compressed-tensors-fp8":
+        make_compressed_tensors_source(src)
+    else:
+        make_source(src, SOURCE_BF16 if kind == "hf-bf16" else SOURCE_MXFP4)
+    inspected = json.loads(run(["inspect", str(src), "--json"], capsys)[1])
+    assert inspected["recognized"]["kind"] == kind
+    code, out, _ = run(["validate", str(src), "--all"], capsys)
+    first, *findings = out.splitlines()
+    assert code == 1 and first.startswith(f"{src} is {inspected['recognized']['title']}: ")
+    assert all(action in first for action in inspected["recognized"]["actions"])
+    assert findings[0].startswith("ERROR index.not_normalized")
+    hf_load = "NxDI's HF converter" in out
+    assert hf_load == (kind == "hf-mxfp4"), out
+    document = json.loads(run(["validate", str(src), "--json"], capsys)[1])
+    assert document["hint"] == first and document["ok"] is False
+
+
 def test_a_damaged_shard_is_one_line(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
     shard = sorted(tiny_checkpoint.glob("*.safetensors"))[0]
     data = bytearray(shard.read_bytes())
@@ -310,7 +364,7 @@ def test_make_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "VALID" in stdout
     assert len([k for k in json.loads((out / fmt.INDEX_FILE).read_text())["weight_map"] if k.startswith("layers.2.")]) == 19
     code, _, err = run(["make-tiny", str(out)], capsys)
-    assert code == 1 and "--overwrite" in err
+    assert code == 2 and "--overwrite" in err  # a non-empty OUT is a usage error, as in convert
     code, _, err = run(["make-tiny", str(tmp_path / "u"), "--padded-hidden-size", "70"], capsys)
     assert code == 2 and "multiple of 32" in err
 
@@ -332,6 +386,128 @@ def test_make_tiny_creates_the_output_with_the_users_umask(tmp_path: Path, capsy
         os.umask(old)
     assert (tmp_path / "t").stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "hf").stat().st_mode & 0o777 == 0o755
+    # every file of a synthetic source too (safetensors alone writes 0600 files)
+    assert {path.stat().st_mode & 0o777 for path in (tmp_path / "hf").iterdir()} == {0o644}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--hidden-size", "-5"], "hidden_size: must be an integer in 1 … 2^31, found -5"),
+    (["--experts", "0"], "num_local_experts: must be an integer"),
+    (["--vocab-size", "0"], "vocab_size: must be an integer"),
+    (["--heads", "0"], "num_attention_heads: must be an integer"),
+    (["--experts-per-token", "5"], "more than the 4 experts"),
+    (["--kv-heads", "3"], "not a multiple of num_key_value_heads=3"),
+    (["--head-dim", "4", "--heads", "16", "--kv-heads", "8"], "NxDI's YaRN requires"),
+    (["--layers", "100000"], "more than a tiny checkpoint's"),
+    (["--hidden-size", "4096", "--intermediate-size", "8192", "--experts", "64"], "more than a tiny checkpoint's"),
+    (["--padded-hidden-size", "0"], "smaller than the model's 64"),
+    (["--seed", "-1"], "seed -1 is not an integer"),
+    (["--max-shard-size", "0"], ""),
+    (["--hf-mxfp4", "--hidden-size", "50"], "not a multiple of the MXFP4 block size 32"),
+    (["--hf-bf16", "--experts-per-token", "4"], "more than the 3 experts"),
+    (["--ct-fp8", "--layers", "0"], "num_hidden_layers: must be an integer"),
+])
+def test_make_tiny_checks_its_arguments_first(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                              message: str) -> None:
+    """Refused before anything is written, with the format's own rules: exit 2, one line, no OUT."""
+    out = tmp_path / "out"
+    code, stdout, err = run(["make-tiny", str(out), *argv], capsys)
+    assert code == 2 and stdout == "" and len(err.strip().splitlines()) == 1 and message in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["", "--hf-bf16", "--ct-fp8"])
+def test_make_tiny_into_a_non_empty_directory_is_exit_2_and_leaves_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                      kind: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, _, err = run(["make-tiny", str(out), *([kind] if kind else [])], capsys)
+    assert code == 2 and "--overwrite" in err and [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_what_make_tiny_prints_is_true(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its VALID holds with the opt-in it names, and the commands it suggests succeed as printed."""
+    monkeypatch.delenv(fmt.ALLOW_CUSTOM_ENV, raising=False)
+    out = tmp_path / "t"
+    code, stdout, _ = run(["make-tiny", str(out)], capsys)
+    assert code == 0 and "VALID" in stdout and "--allow-custom-model" in stdout
+    (suggested,) = [line for line in stdout.splitlines() if line.startswith("next: ")]
+    commands = [part.strip().split() for part in suggested.removeprefix("next: ").split("   or   ")]
+    assert [command[1] for command in commands] == ["validate", "inspect"]
+    for command in commands:
+        assert run(command[1:], capsys)[0] == 0, command
+    _, inspected, _ = run(["inspect", str(out)], capsys)
+    (do_line,) = [line for line in inspected.splitlines() if line.startswith("do ")]
+    validate = do_line[do_line.index("`") + 1:do_line.rindex("`")].split()
+    assert validate[1:] == ["validate", str(out), "--allow-custom-model"] and run(validate[1:], capsys)[0] == 0
+    assert fmt.ALLOW_CUSTOM_ENV in do_line
+
+
+def test_make_tiny_of_a_published_profile_needs_no_opt_in(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nxdi_gptoss_fp8 import tiny_stdlib
+
+    published = fmt.PROFILES[fmt.PROFILE_20B]
+    assert tiny_stdlib.size_problems(fmt.Layout.unpadded(published))  # far from tiny: refused first
+    code, _, err = run(["make-tiny", str(tmp_path / "big"), "--layers", "24", "--experts", "32", "--hidden-size", "2880",
+                        "--intermediate-size", "2880", "--head-dim", "64", "--heads", "64", "--kv-heads", "8",
+                        "--vocab-size", "201088", "--experts-per-token", "4", "--sliding-window", "128"], capsys)
+    assert code == 2 and "scripts/sparse_checkpoint.py" in err
+
+
+def test_make_tiny_ct_fp8_source_is_recognized_and_converts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    code, stdout, _ = run(["make-tiny", str(src), "--ct-fp8"], capsys)
+    assert code == 0 and "compressed-tensors FP8" in stdout and f"nxdi-gptoss-fp8 convert {src}" in stdout
+    inspected = json.loads(run(["inspect", str(src), "--json"], capsys)[1])
+    assert inspected["recognized"]["kind"] == "compressed-tensors-fp8" and inspected["known"] is True
+    assert inspected["ok"] is False  # validate's meaning: not a valid normalized checkpoint
+    code, converted, _ = run(["convert", str(src), str(out), "--json"], capsys)
+    assert code == 0 and json.loads(converted)["source_format"] == "compressed-tensors-fp8"
+    assert run(["verify-conversion", str(out), "--source", str(src)], capsys)[0] == 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no partial folder left
+
+
+@pytest.mark.parametrize("kind", ["hf-mxfp4", "unknown", "normalized-invalid", "normalized-valid"])
+def test_inspect_json_ok_means_what_validate_json_ok_means(tmp_path: Path, tiny_checkpoint: Path,
+                                                            capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    from nxdi_gptoss_fp8.synthetic import make_source
+
+    if kind == "hf-mxfp4":
+        path = make_source(tmp_path / "hf")
+    elif kind == "unknown":
+        path = tmp_path / "empty"
+        path.mkdir()
+    else:
+        path = tiny_checkpoint
+        if kind == "normalized-invalid":
+            edit_config(path, lambda c: c.__setitem__("rms_norm_eps", 1e-6))
+    code, out, _ = run(["inspect", str(path), "--json", "--allow-custom-model"], capsys)
+    inspected = json.loads(out)
+    validated = json.loads(run(["validate", str(path), "--json", "--allow-custom-model"], capsys)[1])
+    assert inspected["ok"] is validated["ok"] is (kind == "normalized-valid")
+    assert inspected["known"] is (kind != "unknown")
+    assert code == (0 if kind in ("hf-mxfp4", "normalized-valid") else 1)  # the exit status is unchanged
+
+
+def test_check_forward_of_a_missing_path_is_exit_2(tmp_path: Path, tiny_template: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["check-forward", str(tmp_path / "absent"), "--source", str(tmp_path)],
+                 ["check-forward", str(tiny_template), "--source", str(tmp_path / "absent")]):
+        code, out, err = run(argv, capsys)
+        assert code == 2 and out == "" and "absent does not exist" in err and len(err.strip().splitlines()) == 1
+
+
+def test_inference_demo_help_explains_without_nxdi(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from nxdi_gptoss_fp8 import nxdi_hook
+
+    monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: False)
+    code, out, err = run(["inference-demo", "--help"], capsys)
+    assert code == 0 and err == "" and "CHECKPOINT_FORMAT=normalized_fp8" in out and "NxDI is not installed here" in out
+    assert "nxdi-gptoss-fp8 validate" in out
+    code, out, _ = run(["inference-demo"], capsys)
+    assert code == 2 and out.startswith("usage: nxdi-gptoss-fp8 inference-demo")
+    code, out, err = run(["inference-demo", "--model-type", "gpt_oss"], capsys)
+    assert code == 2 and out == "" and "--help" in err
 
 
 @pytest.mark.parametrize("kind", ["mxfp4", "bf16"])

@@ -65,3 +65,15 @@ def test_package_messages_point_at_the_projects_own_document() -> None:
         text = path.read_text(encoding="utf-8")
         assert "§" not in text and "nxdi-contract" not in text and "normalized-fp8-format" not in text, path.name
     assert "](docs/format.md" in README
+
+
+def test_the_format_document_states_the_config_field_rule() -> None:
+    """Every config.json field class of format.py is in the document, and every config code."""
+    section = FORMAT_DOC[FORMAT_DOC.index("## config.json, field by field"):FORMAT_DOC.index("## Findings by check")]
+    for field in (fmt.CONFIG_READ_FIELDS - {"num_experts", "experts_per_token"}) | fmt.CONFIG_HARD_CODED.keys() \
+            | fmt.ROPE_SCALING_READ - {"type"} | fmt.ROPE_SCALING_HARD_CODED | {"layer_types"}:
+        assert f"`{field}`" in section or field in fmt.ModelDims.__dataclass_fields__, field
+    assert "CONFIG_INERT_FIELDS" in section
+    for code in ("hard_coded_mismatch", "layer_types_mismatch", "rope_mismatch", "bad_rope", "heads_indivisible",
+                 "unknown_field", "dtype_not_bfloat16", "not_boolean"):
+        assert f"`{code}`" in FORMAT_DOC, code

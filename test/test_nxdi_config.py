@@ -12,8 +12,10 @@ import pytest
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.nxdi_config import (
+    BOOLEAN_NEURON_CONFIG_KEYS,
     KNOWN_NEURON_CONFIG_KEYS,
     bounded_int,
+    config_field_problems,
     describe,
     model_config_problems,
     model_part,
@@ -141,3 +143,108 @@ def test_known_keys_cover_nxdi_neuron_config() -> None:
                         names.add(sub.args[0].value)
     assert len(names) > 100
     assert names - KNOWN_NEURON_CONFIG_KEYS == set()
+
+
+# --------------------------------------------------------------------------- config.json, field by field
+
+
+@pytest.mark.parametrize("profile", sorted(fmt.PROFILES))
+def test_the_configs_we_write_mean_what_nxdi_computes(profile: str) -> None:
+    dims = fmt.PROFILES[profile]
+    assert config_field_problems(fmt.hf_config(dims), dims) == []
+
+
+def test_transformers_defaults_mean_what_nxdi_computes() -> None:
+    """transformers' own GptOssConfig (the published values) draws no finding, warning included."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GptOssConfig(initial_context_length=4096, swiglu_limit=7.0).to_dict()
+    dims = fmt.dims_from_config(config)
+    assert config_field_problems(config, dims) == []
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"rope_scaling": {**fmt.hf_config(TINY_DIMS)["rope_scaling"], "factor": 1.0}}, None),  # no YaRN: plain rotary
+    ({"rope_theta": 10000}, None),
+    ({"swiglu_limit": 7}, None),
+    ({"hidden_act": "sigmoid"}, None),  # what NxDI itself writes
+    ({"pad_token_id": None}, None),
+    ({"rope_theta": float("inf")}, "bad_rope"),
+    ({"rope_theta": True}, "bad_rope"),
+    ({"rms_norm_eps": 1e-5 + 1e-12}, "hard_coded_mismatch"),
+    ({"tie_word_embeddings": 0}, "hard_coded_mismatch"),
+    ({"rope_ntk_beta": 32.0}, None),  # NxDI reads it first: it agrees with beta_fast
+    ({"rope_ntk_alpha": 2.0}, "rope_mismatch"),
+    ({"dtype": "float16"}, "dtype_not_bfloat16"),
+])
+def test_config_field_rules(change: dict[str, Any], reason: str | None) -> None:
+    config = {**fmt.hf_config(TINY_DIMS), **change}
+    assert {p.reason for p in config_field_problems(config, TINY_DIMS)} == ({reason} if reason else set())
+
+
+def test_yarn_correction_range_is_nxdi_s_assertion() -> None:
+    """A head too small for the YaRN settings: NxDI asserts 0 < low < high < head_dim/2 - 1."""
+    dims = fmt.ModelDims(**{**TINY_DIMS.as_dict(), "head_dim": 4, "num_attention_heads": 16, "num_key_value_heads": 8})
+    (problem,) = config_field_problems(fmt.hf_config(dims), dims)
+    assert problem.reason == "bad_rope" and "head_dim=4" in problem.message
+
+
+def test_unknown_fields_are_named_and_bounded() -> None:
+    config = {**fmt.hf_config(TINY_DIMS), **{f"extra_{n}": n for n in range(500)}}
+    problems = config_field_problems(config, TINY_DIMS)
+    assert all(p.warning and p.reason == "unknown_field" for p in problems)
+    assert len(problems) == 100 and problems[0].key == "extra_0"
+
+
+@pytest.mark.parametrize("value", ["false", "true", 0, 1, None, [], "no"])
+def test_neuron_config_switches_must_be_json_booleans(value: Any) -> None:
+    config = {**GOOD, "quantized": value}
+    assert "not_boolean" in _reasons(config)
+    assert "not_boolean" not in _reasons({**GOOD, "quantized": True, "fused_qkv": False})
+
+
+def _nxdi_models() -> Path:
+    root = os.environ.get("NXDI_SRC")
+    if not root:
+        pytest.skip("NXDI_SRC is not set")
+    return Path(root) / "src" / "neuronx_distributed_inference" / "models"
+
+
+@pytest.mark.nxdi
+def test_boolean_keys_are_nxdi_s_on_off_switches() -> None:
+    """Every NeuronConfig attribute NxDI defaults to True/False is a boolean key, and no other."""
+    package = _nxdi_models()
+    names: set[str] = set()
+    for source in (package / "config.py", package / "gpt_oss" / "modeling_gpt_oss.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "pop" \
+                    and isinstance(getattr(node.func, "value", None), ast.Name) and node.func.value.id == "kwargs" \
+                    and len(node.args) == 2 and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, bool):
+                names.add(node.args[0].value)
+    # lm_head_pad defaults to an expression (logical_nc_config > 1); on_device_sampling_config
+    # is a bool only in OnDeviceSamplingConfig, an object in NeuronConfig
+    expected = (names & KNOWN_NEURON_CONFIG_KEYS) - {"on_device_sampling_config"} | {"lm_head_pad"}
+    assert expected == BOOLEAN_NEURON_CONFIG_KEYS
+
+
+@pytest.mark.nxdi
+def test_hard_coded_values_are_nxdi_s() -> None:
+    """rms_norm_eps, the SwiGLU clamp and the even-layer sliding window, as NxDI's GPT-OSS has them."""
+    source = (_nxdi_models() / "gpt_oss" / "modeling_gpt_oss.py").read_text()
+    assigned: dict[str, Any] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign):
+            try:
+                value = ast.literal_eval(node.value)
+                hash(value)
+            except (ValueError, TypeError, SyntaxError):
+                continue
+            for target in node.targets:
+                if isinstance(target, ast.Attribute):
+                    assigned.setdefault(target.attr, set()).add(value)
+    assert assigned["rms_norm_eps"] == {fmt.NXDI_RMS_NORM_EPS}
+    assert assigned["gate_clamp_upper_limit"] == assigned["up_clamp_upper_limit"] == {fmt.NXDI_SWIGLU_LIMIT}
+    assert assigned["up_clamp_lower_limit"] == {-fmt.NXDI_SWIGLU_LIMIT}
+    assert assigned["n_shared_experts"] == {0}
+    assert "self.is_sliding_window_layer = layer_idx % 2 == 0" in source
+    assert "layer_types" not in source  # NxDI never reads it

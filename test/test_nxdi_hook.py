@@ -185,7 +185,9 @@ def test_register_without_nxdi_says_how_to_get_it(monkeypatch: pytest.MonkeyPatc
 PASS_THROUGH = [None, "hf", "HF", "Hf", "legacy", "neuron", "original", "", " hf", "something-else"]
 NEAR_MISSES = ["normalized-fp8", "normalised_fp8", "Normalized FP8", "fp8", "FP8", "normalized", "nfp8",
                "normalizedfp8", "normalized_fp16", "normalize_fp8", "normalized_f8", "nomralized_fp8",
-               "e4m3", "norm_fp8"]
+               "e4m3", "norm_fp8",
+               # look-alikes from other scripts, folded with NFKC
+               "ｎｏｒｍａｌｉｚｅｄ＿ｆｐ８", "ＮＯＲＭＡＬＩＺＥＤ_ＦＰ８", "ＦＰ８", "𝐧𝐨𝐫𝐦𝐚𝐥𝐢𝐳𝐞𝐝_𝐟𝐩𝟖", "normalized_fp⁸"]
 
 
 @pytest.mark.parametrize("value", PASS_THROUGH)

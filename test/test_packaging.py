@@ -1,0 +1,69 @@
+"""What the wheel ships: the format document the messages cite, and ``python -m nxdi_gptoss_fp8``."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from nxdi_gptoss_fp8 import format as fmt
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE_PARTS = ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in", "CHANGELOG.md", "LICENSE", "docs", "nxdi_gptoss_fp8")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel built from a copy of the source tree (the tree itself stays clean)."""
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("setuptools is needed to build the wheel")
+    tree = tmp_path_factory.mktemp("tree")
+    for part in SOURCE_PARTS:
+        source = ROOT / part
+        if source.is_dir():
+            shutil.copytree(source, tree / part, ignore=shutil.ignore_patterns("__pycache__", "format.md")
+                            if part == "nxdi_gptoss_fp8" else None)
+        elif source.exists():
+            shutil.copy(source, tree / part)
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(tree), "-w", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    (built,) = out.glob("*.whl")
+    return built
+
+
+def test_the_wheel_ships_the_format_document_unchanged(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        assert "nxdi_gptoss_fp8/format.md" in names and "nxdi_gptoss_fp8/__main__.py" in names
+        assert archive.read("nxdi_gptoss_fp8/format.md") == (ROOT / "docs" / "format.md").read_bytes()
+
+
+def test_the_installed_document_is_found_where_messages_cite_it(wheel: Path, tmp_path: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(tmp_path)
+    code = "from nxdi_gptoss_fp8 import format as f; print(f.format_document_path())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PYTHONPATH": str(tmp_path)}, check=True)
+    assert Path(done.stdout.strip()) == tmp_path / "nxdi_gptoss_fp8" / "format.md"
+    help_text = subprocess.run([sys.executable, "-m", "nxdi_gptoss_fp8", "--help"], capture_output=True, text=True,
+                               cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "COLUMNS": "400"}, check=True).stdout
+    assert str(tmp_path / "nxdi_gptoss_fp8" / "format.md") in help_text
+
+
+def test_a_source_tree_cites_docs_format_md() -> None:
+    assert fmt.format_document_path() == str(ROOT / "docs" / "format.md")
+
+
+def test_python_dash_m_runs_the_command_line(tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(ROOT), "COLUMNS": "400"}
+    done = subprocess.run([sys.executable, "-m", "nxdi_gptoss_fp8", "--version"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and done.stdout.startswith("python -m nxdi_gptoss_fp8 0.")
+    done = subprocess.run([sys.executable, "-m", "nxdi_gptoss_fp8", "validate", str(tmp_path / "absent")],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 2 and "does not exist" in done.stderr and "Traceback" not in done.stderr
