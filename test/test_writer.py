@@ -135,9 +135,13 @@ def test_refuses_non_empty_output_without_overwrite(tmp_path: Path) -> None:
     with pytest.raises(ConversionError, match="--overwrite"):
         make_tiny(out)
     assert (out / "keep.txt").read_text() == "mine"
-    make_tiny(out, overwrite=True)
-    assert not (out / "keep.txt").exists()
-    assert preflight(out, allow_custom_model=True).ok
+    with pytest.raises(ConversionError, match="does not look like an earlier output.*keep.txt"):
+        make_tiny(out, overwrite=True)  # user files are never deleted
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    make_tiny(out, seed=1)
+    make_tiny(out, overwrite=True)  # an earlier output of ours is replaced
+    assert preflight(out, allow_custom_model=True).ok and not [p for p in out.iterdir() if p.name.startswith(".")]
 
 
 def test_same_inputs_give_identical_bytes(tmp_path: Path) -> None:
