@@ -278,8 +278,10 @@ class CheckpointWriter:
         hash_workers: int = 2,
         record_sha256: bool = True,
         extra_files: Mapping[str, str | os.PathLike[str]] | None = None,
+        sparse: bool = False,
     ) -> None:
         self.out = os.path.abspath(os.fspath(out))
+        self.sparse = sparse  # the caller leaves most bytes as holes (put_zeros): no free-space check
         self.layout, self.profile, self.config = layout, profile, dict(config)
         self.source = dict(source) if source is not None else None
         self.extra_files = dict(extra_files or {})
@@ -326,6 +328,8 @@ class CheckpointWriter:
     def check_space(self) -> None:
         """Refuse, before the first byte, an output that cannot finish where it will be written:
         the free space of that filesystem must cover ``planned_bytes``."""
+        if self.sparse:
+            return
         where = self.target.existing_ancestor()
         needed, free = self.planned_bytes(), free_bytes(where)
         if needed > free:
