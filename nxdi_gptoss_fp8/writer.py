@@ -285,6 +285,9 @@ class CheckpointWriter:
         self.layout, self.profile, self.config = layout, profile, dict(config)
         self.source = dict(source) if source is not None else None
         self.extra_files = dict(extra_files or {})
+        # file name → text written beside the checkpoint at commit, inside the atomic write (a
+        # model card made from the finished conversion, say); set before ``commit``
+        self.text_files: dict[str, str] = {}
         self.overwrite, self.hash_workers, self.record_sha256 = overwrite, hash_workers, record_sha256
         for name in self.extra_files:
             if os.path.basename(name) != name or name in (".", "..", fmt.CONFIG_FILE, fmt.INDEX_FILE) \
@@ -320,6 +323,7 @@ class CheckpointWriter:
         for source in self.extra_files.values():
             with contextlib.suppress(OSError):
                 extra += os.stat(source).st_size
+        extra += sum(len(text.encode("utf-8")) for text in self.text_files.values()) + 64 * 1024  # e.g. a card
         index_bound = 4096 + sum(len(name) + len(planned.shard) + 16 for name, planned in self._plan.items())
         index_bound += len(self.shard_names) * 96 + len(json.dumps(self.source or {}, default=str)) + 1024
         config_bound = 2 * len(json.dumps(self.config, indent=2, default=str)) + 4096
@@ -410,6 +414,14 @@ class CheckpointWriter:
         weight_map = {name: planned.shard for name, planned in self._plan.items()}
         for name, source in self.extra_files.items():
             _copy_regular(source, os.path.join(self.tmp, name))
+        for name, text in self.text_files.items():
+            if os.path.basename(name) != name or name.startswith(".") or name in (fmt.CONFIG_FILE, fmt.INDEX_FILE) \
+                    or name in self.extra_files or name.lower().endswith(fmt.WEIGHT_FILE_SUFFIXES):
+                raise ConversionError(f"text file {name!r} must be a plain file name of its own")
+            with open(os.path.join(self.tmp, name), "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
         _write_json(os.path.join(self.tmp, fmt.CONFIG_FILE), self.config)
         _write_json(os.path.join(self.tmp, fmt.INDEX_FILE), {"metadata": metadata, "weight_map": weight_map})
         self._move_into_place()

@@ -290,6 +290,7 @@ def convert(
         )
         assert writer.source is not None
         writer.source["exactness"] = report.exactness_summary()
+        # files made from the finished conversion (a model card) go in writer.text_files here
         bar.close()
         writer.commit(show_progress=None if progress else False)
     report.elapsed_s = time.perf_counter() - started
