@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import ConversionError
-from ..units import format_bytes
+from ..units import format_bytes, plural
 from ..writer import CheckpointWriter, free_bytes
 from .output import CHUNK_BYTES, Workspace
 
@@ -118,21 +118,21 @@ class ConversionPlan:
         lines = [f"plan: convert {self.source} ({self.source_format or 'format known after the download'}) → {self.out}",
                  f"  profile {self.profile}, {self.layers} layers, H'={self.padded_hidden_size}, "
                  f"I'={self.padded_intermediate_size}",
-                 f"  read: {len(self.reads)} files, {format_bytes(self.read_bytes)}"
+                 f"  read: {plural(len(self.reads), 'file')}, {format_bytes(self.read_bytes)}"
                  + ("" if all(f.cached is None for f in self.reads) else
                     f"; to download: {'unknown' if download is None else format_bytes(download)}"
                     + (f" into {self.download_dir}" if self.download_dir else ""))]
         for f in self.reads:
             state = "" if f.cached is None else " (in the cache)" if f.cached else " (to download)"
             lines.append(f"    {f.name}: {'size unknown' if f.bytes is None else format_bytes(f.bytes)}{state}")
-        lines.append(f"  write: {len(self.shards)} shards, {format_bytes(self.write_bytes)} in all, in {self.written_in}"
+        lines.append(f"  write: {plural(len(self.shards), 'shard')}, {format_bytes(self.write_bytes)} in all, in {self.written_in}"
                      + (f" (replacing {len(self.replaces)} entries of an earlier output)" if self.replaces else ""))
         lines += [f"    {f.name}: {format_bytes(f.bytes or 0)}" for f in self.shards]
         for check in self.space:
             lines.append(f"  free space: {format_bytes(check.free)} on the filesystem holding {check.path}; "
                          f"{check.what} needs {format_bytes(check.needed)}{' — SHORT' if check.short else ''}")
         memory = f" of {format_bytes(self.memory_total)}" if self.memory_total else ""
-        lines.append(f"  expected peak memory: {format_bytes(self.peak_memory)}{memory}")
+        lines.append(f"  expected peak memory: {format_bytes(self.peak_memory)}{memory} (an upper estimate)")
         lines.append("  OK: the conversion fits" if self.ok else "  REFUSED: " + "; ".join(self.problems))
         return "\n".join(lines)
 
@@ -185,7 +185,7 @@ def plan_conversion(*, source: str, source_format: str | None, writer: Checkpoin
     other = total - sum(writer.shard_sizes.values())
     where = writer.target.existing_ancestor()
     needs: dict[Any, SpaceCheck] = {}
-    needs[_device(where) or where] = SpaceCheck(where, total, free_bytes(where), f"the output ({len(shards)} shards)")
+    needs[_device(where) or where] = SpaceCheck(where, total, free_bytes(where), f"the output ({plural(len(shards), 'shard')})")
     pending = sum(f.bytes or 0 for f in reads if f.cached is False)
     if pending and download_dir is not None:
         key = _device(download_dir) or download_dir
