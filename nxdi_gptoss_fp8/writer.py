@@ -180,6 +180,13 @@ def _is_our_index(path: str) -> bool:
     return isinstance(metadata, dict) and metadata.get("format") == fmt.FORMAT_NAME
 
 
+def _current_directory() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # removed meanwhile: it cannot be inside OUT
+        return None
+
+
 def _inside(path: str, directory: str) -> bool:
     path, directory = os.path.realpath(path), os.path.realpath(directory)
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
@@ -232,7 +239,8 @@ def output_target(out: str, *, overwrite: bool, extra_names: Iterable[str] = ())
         return OutputTarget(out, inside=True)
     if not overwrite:
         raise ConversionError(f"{out} is not empty: pass --overwrite to replace it, or choose another output path")
-    if _inside(os.getcwd(), out):
+    cwd = _current_directory()
+    if cwd is not None and _inside(cwd, out):
         raise ConversionError(f"{out} is the current directory or holds it: --overwrite would replace the files "
                               "you are working in; name another OUT, or cd elsewhere first")
     foreign = [name for name in entries if not _is_our_name(name, extra_names)]
