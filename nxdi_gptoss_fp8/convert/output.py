@@ -137,11 +137,12 @@ class ConversionReport:
 def require_finite(values: torch.Tensor, where: str, name: str, first_row: int = 0) -> None:
     """Refuse a source tensor (or a row block of it, starting at ``first_row``) holding NaN or ±inf:
     the converter never copies or quantizes one (``where`` names the file)."""
-    if not values.is_floating_point():
+    if not values.is_floating_point() or not values.numel():
+        return
+    low, high = torch.aminmax(values)  # NaN and ±inf propagate; ~15 times faster than isfinite on BF16
+    if bool(torch.isfinite(low) & torch.isfinite(high)):
         return
     finite = torch.isfinite(values)
-    if bool(finite.all()):
-        return
     index = [int(i) for i in (~finite).nonzero()[0]]
     value = float(values[tuple(index)])
     if values.dim() and first_row:
