@@ -10,11 +10,13 @@ set NXDI_GPTOSS_FP8_DEBUG=1 for tracebacks. A closed stdout (``| head``) ends th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import __version__
@@ -279,7 +281,8 @@ def _cmd_inference_demo(args: argparse.Namespace) -> int:
     return nxdi_hook.run_inference_demo(args.nxdi_args)
 
 
-def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None) -> Any:
+def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None,
+             before_shards: Any = None) -> Any:
     """A local directory or a Hub repo id (``hub.resolve_source``); says on stderr which was used."""
     from .errors import ConversionError
     from .hub import is_repo_id, recorded_revision, resolve_source
@@ -288,7 +291,7 @@ def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None)
     if revision is None and recorded_in is not None and ambiguous and not os.path.lexists(spec):
         revision = recorded_revision(recorded_in, spec)  # the commit the output was converted from
     try:
-        resolved = resolve_source(spec, revision=revision)
+        resolved = resolve_source(spec, revision=revision, before_shards=before_shards)
     except ConversionError as exc:
         raise UsageError(str(exc)) from None
     if ambiguous or resolved.from_hub:
@@ -296,23 +299,98 @@ def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None)
     return resolved
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread so every ``with`` block unwinds as for Ctrl-C
+    (the partial output is removed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Inside: SIGTERM (kill, timeout, docker stop, Kubernetes) and SIGHUP behave like SIGINT."""
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise _Terminated(signum)
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: leave the defaults
+            previous[signum] = signal.signal(signum, interrupt)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _json_errors(handler: Any) -> Any:
+    """With ``--json``, an error is also printed on stdout as JSON (``ok`` false, ``error``,
+    ``exit_code``), so a caller parsing stdout never gets plain text; stderr keeps its line."""
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(handler(args))
+        except (UsageError, MissingDependencyError, NxdiGptossFp8Error, OSError, KeyboardInterrupt) as exc:
+            if getattr(args, "json", False) and not isinstance(exc, BrokenPipeError):
+                code = EXIT_FINDINGS if isinstance(exc, NxdiGptossFp8Error) and not isinstance(
+                    exc, MissingDependencyError) else EXIT_USAGE
+                if isinstance(exc, KeyboardInterrupt):
+                    code = 128 + getattr(exc, "signum", signal.SIGINT)
+                message = str(exc) if not isinstance(exc, KeyboardInterrupt) else _interrupted_text(exc)
+                print(json.dumps({"ok": False, "command": args.command, "error": message,
+                                  "error_type": type(exc).__name__.lstrip("_"), "exit_code": code}, indent=2))
+                sys.stdout.flush()
+            raise
+
+    return run
+
+
+def _interrupted_text(exc: BaseException) -> str:
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return f"interrupted ({signal.Signals(signum).name}): nothing was written, the partial output was removed"
+
+
+def _plan_or_refuse(args: argparse.Namespace, plan: Any) -> None:
+    """``--dry-run`` prints the plan (and stops the command); a real run refuses a plan that does not fit."""
+    if args.dry_run:
+        raise _PlanShown(plan)
+    plan.check()  # one line with the numbers when it does not fit
+
+
+class _PlanShown(Exception):
+    def __init__(self, plan: Any) -> None:
+        super().__init__()
+        self.plan = plan
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     _needs("", "torch", "safetensors")
-    from .convert import convert
+    from .convert import convert, plan, plan_from_hub
     from .errors import ConversionError
     from .hub import companion_files
 
-    max_shard_size = _size(args.max_shard_size)
-    source = _resolve(args.src, args.revision)
+    max_shard_size = _size(args.max_shard_size, "--max-shard-size")
+    sizes = {"padded_hidden_size": args.padded_hidden_size, "padded_intermediate_size": args.padded_intermediate_size,
+             "max_shard_size": max_shard_size}
     try:
-        report = convert(
-            source.path, args.out, padded_hidden_size=args.padded_hidden_size,
-            padded_intermediate_size=args.padded_intermediate_size, max_shard_size=max_shard_size,
-            overwrite=args.overwrite, progress=True, provenance=source.provenance(),
-            extra_files=companion_files(source.path), gate_up_split=args.ct_gate_up_split,
-        )
-    except ConversionError as exc:  # a source or output we cannot use: unreadable input
-        raise UsageError(str(exc)) from None
+        with _signals_interrupt():
+            try:
+                source = _resolve(args.src, args.revision, before_shards=lambda fetch: _plan_or_refuse(
+                    args, plan_from_hub(fetch, args.out, overwrite=args.overwrite, **sizes)))
+                options = {**sizes, "overwrite": args.overwrite, "provenance": source.provenance(),
+                           "extra_files": companion_files(source.path), "gate_up_split": args.ct_gate_up_split}
+                planned = plan(source.path, args.out, **options)
+                _plan_or_refuse(args, planned)
+                report = convert(source.path, args.out, progress=True, **options)
+            except ConversionError as exc:  # a source or output we cannot use: unreadable input
+                raise UsageError(str(exc)) from None
+    except _PlanShown as shown:
+        print(json.dumps(shown.plan.to_dict(), indent=2) if args.json else shown.plan.render_text())
+        return EXIT_OK if shown.plan.ok else EXIT_FINDINGS
+    except _Terminated as exc:
+        print(f"nxdi-gptoss-fp8 convert: {_interrupted_text(exc)}", file=sys.stderr)
+        return 128 + exc.signum
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
     return EXIT_OK
 
@@ -323,11 +401,17 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
     from .errors import ConversionError
     from .verify import verify_conversion
 
-    source = _resolve(args.source, args.revision, recorded_in=args.out)
     try:
-        report = verify_conversion(args.out, source.path, progress=True, gate_up_split=args.ct_gate_up_split)
-    except ConversionError as exc:
-        raise UsageError(str(exc)) from None
+        with _signals_interrupt():
+            source = _resolve(args.source, args.revision, recorded_in=args.out)
+            try:  # arguments swapped, or a source that is not one: one line with the hint
+                report = verify_conversion(args.out, source.path, progress=True, gate_up_split=args.ct_gate_up_split,
+                                           given_source=args.source)
+            except ConversionError as exc:
+                raise UsageError(str(exc)) from None
+    except _Terminated as exc:
+        print(f"nxdi-gptoss-fp8 verify-conversion: interrupted ({signal.Signals(exc.signum).name})", file=sys.stderr)
+        return 128 + exc.signum
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
@@ -374,13 +458,23 @@ def _cmd_check_forward(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
 
-def _size(text: str) -> int:
+def _size(text: str, option: str = "--max-shard-size") -> int:
     from .writer import parse_size
 
     try:
         return parse_size(text)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{option}: {exc}") from None
+
+
+def _padded_size(text: str) -> int:
+    """An argparse type for H'/I': a decimal integer in 1 … 2^31 (the format's dimension bound)."""
+    stripped = text.strip()
+    if not stripped.isdigit() or len(stripped) > 10 or not 1 <= int(stripped) <= fmt.MAX_DIMENSION:
+        shown = stripped if len(stripped) <= 20 else f"a number of {len(stripped)} characters"
+        raise argparse.ArgumentTypeError(f"must be a whole number in 1 … 2^31 (the model's size plus a multiple "
+                                         f"of {fmt.PAD_MULTIPLE}), not {shown}")
+    return int(stripped)
 
 
 def _add_split_option(command: argparse.ArgumentParser) -> None:
@@ -392,9 +486,10 @@ def _add_split_option(command: argparse.ArgumentParser) -> None:
 
 def _add_output_options(command: argparse.ArgumentParser, *, max_shard_size: str, why: str = "") -> None:
     """The options of every command that writes a normalized checkpoint."""
-    command.add_argument("--padded-hidden-size", type=int, metavar="N", help="H' (H plus a multiple of 32)")
-    command.add_argument("--padded-intermediate-size", type=int, metavar="N", help="I' (I plus a multiple of 32)")
-    command.add_argument("--max-shard-size", default=max_shard_size, help=f"largest shard (default {max_shard_size}{why})")
+    command.add_argument("--padded-hidden-size", type=_padded_size, metavar="N", help="H' (H plus a multiple of 32)")
+    command.add_argument("--padded-intermediate-size", type=_padded_size, metavar="N", help="I' (I plus a multiple of 32)")
+    command.add_argument("--max-shard-size", default=max_shard_size,
+                         help=f"largest shard, 1 B … 2^53 bytes, e.g. 5GB, 500MB, 2GiB (default {max_shard_size}{why})")
     command.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
 
 
@@ -526,8 +621,12 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
                     "config, index, the listed shards, tokenizer and generation config are fetched (never original/ "
                     "or metal/), through huggingface_hub's cache (HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply); they are "
                     "copied into OUT with the commit recorded. MXFP4 and FP8 values stay exact wherever Neuron's "
-                    "E4M3 can hold them (the report counts the rest). The output appears only when "
-                    "complete; SRC is never modified. Check the result with verify-conversion.",
+                    "E4M3 can hold them (the report counts the rest); a NaN or inf anywhere in SRC is refused. "
+                    "Before a byte moves the run is planned (see --dry-run) and refused when OUT's filesystem "
+                    "(or the Hub cache) lacks the space. The output appears only when complete; an existing OUT "
+                    "directory (e.g. a mount point) is written inside; --overwrite replaces only an earlier output "
+                    "of this converter. Ctrl-C, SIGTERM and SIGHUP remove the partial output. SRC is never "
+                    "modified. Check the result with verify-conversion.",
     )
     convert.add_argument("src", metavar="SRC", help="the HF checkpoint directory (config.json + model.safetensors.index.json), "
                                                     "or a Hub repo id such as openai/gpt-oss-120b (an existing local path wins)")
@@ -535,8 +634,13 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
     convert.add_argument("--revision", metavar="R", help="Hub branch, tag or commit of a repo-id SRC (default main)")
     _add_output_options(convert, max_shard_size="5GB")
     _add_split_option(convert)
-    convert.add_argument("--json", action="store_true", help="print the conversion report as JSON")
-    convert.set_defaults(handler=_cmd_convert)
+    convert.add_argument("--dry-run", action="store_true",
+                         help="print the plan and stop: the files read (for a Hub id, only those fetched, with their "
+                              "sizes from the cache or the Hub's metadata), the shards written and their bytes, the "
+                              "free space where they go and the expected peak memory; every real run makes the same "
+                              "plan first and refuses at once (exit 2) when it does not fit; a dry run that does not fit exits 1")
+    convert.add_argument("--json", action="store_true", help="print the conversion report (or the plan, or the error) as JSON")
+    convert.set_defaults(handler=_json_errors(_cmd_convert))
 
     verify_conversion = commands.add_parser(
         "verify-conversion", help="compare a converted checkpoint with its source, value by value (needs torch)",
@@ -550,8 +654,8 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
     verify_conversion.add_argument("--revision", metavar="R", help="Hub revision of a repo-id SRC (default: the commit "
                                                                  "OUT records, else main)")
     _add_split_option(verify_conversion)
-    verify_conversion.add_argument("--json", action="store_true", help="print the report as JSON")
-    verify_conversion.set_defaults(handler=_cmd_verify_conversion)
+    verify_conversion.add_argument("--json", action="store_true", help="print the report (or the error) as JSON")
+    verify_conversion.set_defaults(handler=_json_errors(_cmd_verify_conversion))
 
     env = commands.add_parser(
         "env", help="which Python, torch, transformers, NxDI, NxD, Neuron and vLLM packages are installed, and "

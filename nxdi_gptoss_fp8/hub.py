@@ -92,21 +92,83 @@ def _snapshot_download() -> Downloader:
     return snapshot_download  # type: ignore[no-any-return]
 
 
+def _offline_setting() -> str | None:
+    """``HF_HUB_OFFLINE``'s value when it turns downloads off, else None (huggingface_hub's own reading)."""
+    try:
+        from huggingface_hub import constants
+
+        on = bool(constants.HF_HUB_OFFLINE)
+    except ImportError:  # pragma: no cover - huggingface_hub is there when this runs
+        on = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    return os.environ.get("HF_HUB_OFFLINE", "1") if on else None
+
+
+def _cache_dir() -> str:
+    try:
+        from huggingface_hub import constants
+
+        return str(constants.HF_HUB_CACHE)
+    except ImportError:  # pragma: no cover
+        return "the Hub cache"
+
+
+def _status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def explain_hub_error(exc: BaseException, repo_id: str, revision: str | None) -> str:
+    """What actually failed, from a huggingface_hub error and the cause it chains: downloads
+    turned off (and by what), no network, not in the cache, a gated or private repo, a wrong
+    revision, or an HTTP status. ``HF_HUB_OFFLINE`` is named only when it is set."""
+    name = type(exc).__name__
+    cause = exc.__cause__ or exc.__context__
+    cause_name = type(cause).__name__ if cause is not None else ""
+    text = str(exc)
+    asked = revision or "main"
+    cache = _cache_dir()
+    storage = os.path.join(cache, f"models--{repo_id.replace('/', '--')}")
+    not_cached = (f"revision {asked} of it is not in the local Hub cache ({cache}), which holds other revisions"
+                  if os.path.isdir(storage) else f"it is not in the local Hub cache ({cache})")
+    offline = _offline_setting()
+    if "Gated" in name or "Gated" in cause_name:
+        return (f"{repo_id} is a gated repo: accept its terms on https://huggingface.co/{repo_id}, then log in "
+                "(`hf auth login`) or set HF_TOKEN")
+    if "RevisionNotFound" in name:
+        return f"{repo_id} has no revision {asked!r}: check --revision (a branch, tag or full commit)"
+    if "RepositoryNotFound" in name or "RepositoryNotFound" in cause_name:
+        return (f"{repo_id} does not exist on the Hub, or is private and this token cannot see it: check the repo id; "
+                "for a private repo log in (`hf auth login`) or set HF_TOKEN")
+    status = _status(exc) or (_status(cause) if cause is not None else None)
+    if status in (401, 403):
+        return f"the Hub refused access to {repo_id} (HTTP {status}): log in (`hf auth login`) or set HF_TOKEN"
+    if "LocalEntryNotFound" in name or "Offline" in name:
+        if "OfflineModeIsEnabled" in cause_name or ("HF_HUB_OFFLINE" in text and offline is not None):
+            return f"downloads are off (HF_HUB_OFFLINE={offline or '1'}) and {not_cached}: unset HF_HUB_OFFLINE to fetch it"
+        if "local_files_only" in text or "outgoing traffic has been disabled" in text:
+            if offline is not None:
+                return f"downloads are off (HF_HUB_OFFLINE={offline}) and {not_cached}: unset HF_HUB_OFFLINE to fetch it"
+            return f"{not_cached}, and this look-up was asked to use local files only"
+        if status is not None and status >= 500:
+            return f"the Hub answered HTTP {status} (try again later) and {not_cached}"
+        reason = f" ({cause_name})" if cause_name else ""
+        return f"the Hub could not be reached{reason}: no network, a proxy or a firewall; and {not_cached}"
+    if "ConnectionError" in name or "Timeout" in name or "SSLError" in name or "ProxyError" in name:
+        return f"the Hub could not be reached ({name}): check the network, proxy (HTTPS_PROXY) and certificates"
+    if status is not None:
+        return f"the Hub answered HTTP {status}"
+    first = text.strip().splitlines()[0] if text.strip() else name
+    return f"{name}: {first}"
+
+
 def _fetch(download: Downloader, repo_id: str, revision: str | None, allow: list[str]) -> str:
     try:
         return os.fspath(download(repo_id=repo_id, revision=revision, allow_patterns=allow,
                                   ignore_patterns=list(NEVER_FETCHED)))
     except (OSError, ValueError) as exc:  # every huggingface_hub error (offline, not found, gated, HTTP) is one
-        name = type(exc).__name__
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else name
-        hint = ""
-        if "Offline" in name or "LocalEntryNotFound" in name or "outgoing traffic" in message:
-            hint = ": it is not in the local Hub cache (HF_HOME / HF_HUB_CACHE) and downloads are off (HF_HUB_OFFLINE)"
-        elif "Gated" in name or "401" in message or "403" in message:
-            hint = ": log in (`hf auth login`) or set HF_TOKEN with access to the repo"
-        elif "RepositoryNotFound" in name or "RevisionNotFound" in name:
-            hint = ": check the repo id and --revision"
-        raise ConversionError(f"cannot fetch {repo_id}@{revision or 'main'} from the Hub ({name}: {message}){hint}") from None
+        raise ConversionError(f"cannot fetch {repo_id}@{revision or 'main'} from the Hub: "
+                              f"{explain_hub_error(exc, repo_id, revision)}") from None
 
 
 def _read_index(root: str) -> Any:
@@ -149,13 +211,89 @@ def listed_shards(root: str) -> list[str] | None:
     return sorted(shards)
 
 
+FileSizes = Callable[[str, str | None, list[str]], dict[str, int]]
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    """A repo id's small files fetched (config, index, companions) and what the second fetch
+    would bring: the shards the index lists, each with its size and whether the local cache
+    already holds it."""
+
+    spec: str
+    repo_id: str
+    revision: str | None
+    commit: str | None
+    metadata_path: str  # the snapshot holding config.json and the index
+    shards: tuple[str, ...]
+    sizes: Mapping[str, int | None]  # shard → bytes (None: unknown)
+    cached: Mapping[str, bool]  # shard → already in the local cache
+
+    @property
+    def download_dir(self) -> str:
+        """Where the shards land: the repo's blob store in the cache (beside ``snapshots/``)."""
+        storage = os.path.dirname(os.path.dirname(os.path.normpath(self.metadata_path)))
+        blobs = os.path.join(storage, "blobs")
+        return blobs if os.path.isdir(blobs) else self.metadata_path
+
+
+def hub_file_sizes(repo_id: str, revision: str | None, paths: list[str]) -> dict[str, int]:
+    """Sizes of ``paths`` in the repo from the Hub's metadata API (no download)."""
+    from huggingface_hub import HfApi
+
+    try:
+        infos = HfApi().get_paths_info(repo_id, paths, revision=revision)
+    except (OSError, ValueError) as exc:
+        raise ConversionError(f"cannot read the file sizes of {repo_id} from the Hub: "
+                              f"{explain_hub_error(exc, repo_id, revision)}") from None
+    return {info.path: int(info.size) for info in infos if isinstance(getattr(info, "size", None), int)}
+
+
+def plan_fetch(spec: str, *, revision: str | None = None, download: Downloader | None = None,
+               file_sizes: FileSizes | None = None) -> FetchPlan:
+    """Fetch a repo id's config, index and companions (small) and plan the shard fetch: the
+    listed shards, their sizes from the local cache or, for those it lacks, the Hub's metadata
+    (``file_sizes``, default ``hub_file_sizes``; unknown when that fails, e.g. offline)."""
+    download = download or _snapshot_download()
+    first = _fetch(download, spec, revision, list(METADATA_FILES))
+    commit = os.path.basename(os.path.normpath(first))
+    commit = commit if _COMMIT.match(commit) else None
+    shards = tuple(listed_shards(first) or [SINGLE_FILE])
+    sizes: dict[str, int | None] = {}
+    cached: dict[str, bool] = {}
+    for shard in shards:
+        path = os.path.join(first, shard)
+        cached[shard] = os.path.isfile(path)
+        sizes[shard] = os.stat(path).st_size if cached[shard] else None
+    missing = [shard for shard in shards if not cached[shard]]
+    if missing:
+        try:
+            known = (file_sizes or hub_file_sizes)(spec, commit or revision, missing)
+        except ConversionError:
+            known = {}
+        sizes.update({shard: known.get(shard) for shard in missing})
+    return FetchPlan(spec=spec, repo_id=spec, revision=revision, commit=commit, metadata_path=first,
+                     shards=shards, sizes=sizes, cached=cached)
+
+
+def fetch_planned(plan: FetchPlan, *, download: Downloader | None = None) -> ResolvedSource:
+    """The second fetch of ``plan`` (pinned to the commit the first resolved)."""
+    download = download or _snapshot_download()
+    snapshot = _fetch(download, plan.repo_id, plan.commit or plan.revision, [*METADATA_FILES, *plan.shards])
+    return ResolvedSource(spec=plan.spec, path=snapshot, repo_id=plan.repo_id, revision=plan.revision,
+                          commit=plan.commit)
+
+
 def resolve_source(spec: str | os.PathLike[str], *, revision: str | None = None,
-                   download: Downloader | None = None) -> ResolvedSource:
+                   download: Downloader | None = None,
+                   before_shards: Callable[[FetchPlan], None] | None = None,
+                   file_sizes: FileSizes | None = None) -> ResolvedSource:
     """A local directory as is, or a Hub repo id fetched (config and index first, then the
     listed shards) into huggingface_hub's cache.
 
     ``download`` replaces ``huggingface_hub.snapshot_download`` (same keyword arguments);
-    raises ``ConversionError`` with one line for anything that cannot be used.
+    ``before_shards`` sees the ``FetchPlan`` between the two fetches (and may raise to stop
+    before the shards move); raises ``ConversionError`` with one line for anything that cannot be used.
     """
     text = os.fspath(spec)
     if os.path.lexists(text):
@@ -165,12 +303,11 @@ def resolve_source(spec: str | os.PathLike[str], *, revision: str | None = None,
     if not is_repo_id(text):
         raise ConversionError(f"{text} does not exist: it is not a directory, nor a Hub repo id like openai/gpt-oss-120b")
     download = download or _snapshot_download()
-    first = _fetch(download, text, revision, list(METADATA_FILES))
-    commit = os.path.basename(os.path.normpath(first))
-    commit = commit if _COMMIT.match(commit) else None
-    shards = listed_shards(first)
-    snapshot = _fetch(download, text, commit or revision, [*METADATA_FILES, *(shards or [SINGLE_FILE])])
-    return ResolvedSource(spec=text, path=snapshot, repo_id=text, revision=revision, commit=commit)
+    plan = plan_fetch(text, revision=revision, download=download,
+                      file_sizes=file_sizes if before_shards is not None else (lambda *_: {}))
+    if before_shards is not None:
+        before_shards(plan)
+    return fetch_planned(plan, download=download)
 
 
 def companion_files(root: str | os.PathLike[str]) -> dict[str, str]:
@@ -201,5 +338,6 @@ def recorded_revision(checkpoint: str | os.PathLike[str], repo_id: str) -> str |
     return revision if isinstance(revision, str) and _COMMIT.match(revision) else None
 
 
-__all__ = ["COMPANION_FILES", "NEVER_FETCHED", "ResolvedSource", "companion_files", "is_repo_id", "listed_shards",
-           "recorded_revision", "resolve_source"]
+__all__ = ["COMPANION_FILES", "NEVER_FETCHED", "FetchPlan", "ResolvedSource", "companion_files", "explain_hub_error",
+           "fetch_planned", "hub_file_sizes", "is_repo_id", "listed_shards", "plan_fetch", "recorded_revision",
+           "resolve_source"]

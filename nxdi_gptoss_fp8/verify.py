@@ -21,7 +21,6 @@ or an exponent bias off by one. Requires torch and safetensors.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -44,6 +43,8 @@ from .convert import (
 from .convert.output import single_threaded_torch
 from .convert.source import ExpertRows, read_json
 from .errors import ConversionError
+from .hub import is_repo_id
+from .progress import Progress
 from .quant import FP8_DTYPE, fp8_values
 
 BOUND_TEXT = (
@@ -412,10 +413,15 @@ def _verify_expert(kind: SourceKind, readers: _LaneReaders, layer: int, proj: st
 
 
 def _check_experts(kind: SourceKind, readers: _LaneReaders, out: SourceReader, layer: int, proj: str,
-                   layout: fmt.Layout, pool: ThreadPoolExecutor, row: LayerRow, report: VerificationReport) -> int:
+                   layout: fmt.Layout, pool: ThreadPoolExecutor, row: LayerRow, report: VerificationReport,
+                   progress: Progress) -> int:
     """Every expert of one projection, ``LANES`` at a time (one expert per lane in memory);
     returns the number of inexact values."""
-    scales = out.get(f"{fmt.layer_prefix(layer)}{proj}.scale").clone()
+    name = f"{fmt.layer_prefix(layer)}{proj}"
+    scales = out.get(f"{name}.scale").clone()
+    progress.update(scales.numel() * 4)
+    weight = out.source.tensors[f"{name}.weight"][1]
+    per_expert = weight.nbytes // max(1, weight.shape[0])
     row.tensors += 2
     in_flight: list[Future[ExpertResult]] = []
     inexact = 0
@@ -424,13 +430,55 @@ def _check_experts(kind: SourceKind, readers: _LaneReaders, out: SourceReader, l
             result = in_flight.pop(0).result()
             inexact += result.inexact
             _add(row, result, report)
+            progress.update(per_expert)
         in_flight.append(pool.submit(_verify_expert, kind, readers, layer, proj, expert, scales[expert, 0],
                                      layout.padded_intermediate_size))
     for future in in_flight:
         result = future.result()
         inexact += result.inexact
         _add(row, result, report)
+        progress.update(per_expert)
     return inexact
+
+
+def _normalized_index(path: str) -> bool:
+    """Whether ``path`` holds an index of the normalized format (a converted checkpoint)."""
+    try:
+        index = read_json(os.path.join(path, fmt.INDEX_FILE), fmt.INDEX_FILE)
+    except ConversionError:
+        return False
+    metadata = index.get("metadata") if isinstance(index, dict) else None
+    return isinstance(metadata, dict) and metadata.get("format") == fmt.FORMAT_NAME
+
+
+def swapped_arguments_hint(out: str | os.PathLike[str], source: str | os.PathLike[str]) -> str | None:
+    """A one-line hint when ``source`` is a converted checkpoint and ``out`` is not: the two
+    arguments were given the other way round."""
+    out, source = os.fspath(out), os.fspath(source)
+    if os.path.isdir(source) and _normalized_index(source) and not _normalized_index(out):
+        return (f"the arguments look swapped: {source} is a converted (normalized FP8) checkpoint and {out} is not; "
+                f"run: nxdi-gptoss-fp8 verify-conversion {source} --source {out}")
+    return None
+
+
+def source_mismatch_hint(recorded: dict[str, Any], src: Source, given: str | None) -> str | None:
+    """When OUT's recorded ``source`` (format, Hub repo, path) disagrees with the source given:
+    one line naming what OUT says it was converted from."""
+    said = []
+    if isinstance(recorded.get("format"), str) and recorded["format"] != src.kind:
+        said.append(f"format {recorded['format']} (this source is {src.kind})")
+    repo = recorded.get("repo")
+    if isinstance(repo, str) and given is not None and is_repo_id(given) and not os.path.lexists(given) and repo != given:
+        said.append(f"Hub repo {repo} (you gave {given})")
+    path = recorded.get("path")
+    if (isinstance(path, str) and os.path.isdir(path) and not said
+            and os.path.realpath(path) != os.path.realpath(src.root)):
+        said.append(f"{path} (you gave {src.root})")
+    if not said:
+        return None
+    revision = f" at {recorded['revision']}" if isinstance(recorded.get("revision"), str) else ""
+    return (f"hint: OUT records that it was converted from {'; '.join(said)}{revision}: pass that source with --source, "
+            "or check that OUT is the conversion you meant")
 
 
 def _recorded_source(out_path: str) -> dict[str, Any]:
@@ -445,19 +493,26 @@ def _recorded_source(out_path: str) -> dict[str, Any]:
 
 
 def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str], *,
-                      progress: bool = False, gate_up_split: str | None = None) -> VerificationReport:
+                      progress: bool = False, gate_up_split: str | None = None,
+                      given_source: str | None = None) -> VerificationReport:
     """Compare the converted checkpoint ``out`` with its ``source``, value by value.
 
     ``gate_up_split`` (compressed-tensors sources whose files cannot tell it) defaults to the
-    split the converter recorded in ``out``. Returns a ``VerificationReport`` (``report.ok`` is
-    the verdict, ``render_text()`` the per-layer table). Raises ``ConversionError`` when
-    ``source`` is not a supported GPT-OSS checkpoint. Reads both checkpoints fully, one
-    expert per lane at a time. Example::
+    split the converter recorded in ``out``. ``progress`` shows a bar on a terminal and a plain
+    line every few seconds elsewhere. ``given_source`` is what the user named (a Hub id, say)
+    for the hint when OUT records another source. Returns a ``VerificationReport``
+    (``report.ok`` is the verdict, ``render_text()`` the per-layer table). Raises
+    ``ConversionError`` when ``source`` is not a supported GPT-OSS checkpoint, or is the
+    converted one (arguments swapped). Reads both checkpoints fully, one expert per lane at a
+    time. Example::
 
         report = verify_conversion("gpt-oss-120b-fp8", "gpt-oss-120b")
         print(report.render_text())
     """
     out_path = os.path.abspath(os.fspath(out))
+    swapped = swapped_arguments_hint(out_path, source)
+    if swapped:
+        raise ConversionError(swapped)
     recorded = _recorded_source(out_path)
     if gate_up_split is None and recorded.get("format") == SOURCE_COMPRESSED_TENSORS:
         stated = recorded.get("gate_up_split")
@@ -465,6 +520,7 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     src = open_source(source, gate_up_split=gate_up_split)
     kind = source_kind(src)
     report = VerificationReport(out=out_path, source=src.root, source_format=src.kind)
+    hint = source_mismatch_hint(recorded, src, given_source if given_source is not None else os.fspath(source))
     checked = preflight(out_path, allow_custom_model=True)
     if not checked.ok:
         for finding in checked.errors:
@@ -474,15 +530,15 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     layout = view.layout
     if view.dims != src.dims:
         report.note(f"dimensions differ: output {view.dims}, source {src.dims}: not a conversion of this source")
+        if hint:
+            report.note(hint, counts=False)
         return report
     namespace = fmt.expected_namespace(layout)
     renames = non_expert_names(src.dims)
     exactness = recorded.get("exactness")
     inexact_total = 0
-    from tqdm import tqdm
-
-    bar = tqdm(total=src.dims.num_hidden_layers, unit="layer", desc="verify", file=sys.stderr,
-               disable=not (progress and sys.stderr.isatty()))
+    bar = Progress(sum(spec.nbytes for spec in namespace.values()), f"verify 0/{src.dims.num_hidden_layers} layers",
+                   show=None if progress else False)
     output = _output_source(out_path, view)
     with bar, SourceReader(src) as src_reader, SourceReader(output) as out_reader, \
             _LaneReaders(src, output) as readers, ThreadPoolExecutor(max_workers=LANES, thread_name_prefix="verify") as pool, single_threaded_torch():
@@ -490,6 +546,7 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
         for hf_name, name in renames.items():
             if not name.startswith("layers."):
                 _check_non_expert(src_reader, out_reader, hf_name, name, namespace[name].shape, global_row, report)
+                bar.update(namespace[name].nbytes)
         report.rows.append(global_row)
         for layer in range(src.dims.num_hidden_layers):
             row = LayerRow(str(layer))
@@ -497,13 +554,17 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
             for hf_name, name in renames.items():
                 if name.startswith(prefix):
                     _check_non_expert(src_reader, out_reader, hf_name, name, namespace[name].shape, row, report)
+                    bar.update(namespace[name].nbytes)
             _check_biases(kind, src_reader, out_reader, layer, layout, row, report)
+            bar.update(namespace[f"{prefix}{fmt.GATE_UP}.bias"].nbytes + namespace[f"{prefix}{fmt.DOWN}.bias"].nbytes)
             for proj in (fmt.GATE_UP, fmt.DOWN):
-                inexact_total += _check_experts(kind, readers, out_reader, layer, proj, layout, pool, row, report)
+                inexact_total += _check_experts(kind, readers, out_reader, layer, proj, layout, pool, row, report, bar)
             report.rows.append(row)
-            bar.update(1)
+            bar.set_description(f"verify {layer + 1}/{src.dims.num_hidden_layers} layers")
     if (src.kind != SOURCE_BF16 and isinstance(exactness, dict)
             and exactness.get("inexact_values") != inexact_total):
         report.note(f"the converter recorded {exactness.get('inexact_values')} inexact values in the index, "
                     f"verification found {inexact_total}")
+    if hint and not report.ok:
+        report.problems.insert(0, hint)
     return report

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -52,21 +53,28 @@ def _placement_key(spec: fmt.TensorSpec) -> tuple[int, str]:
 
 
 def parse_size(text: str | int) -> int:
-    """``"5GB"`` → 5_000_000_000; accepts KB/MB/GB/TB (powers of 1000) and KiB/MiB/GiB/TiB."""
-    if isinstance(text, int):
-        return text
+    """``"5GB"`` → 5_000_000_000; accepts KB/MB/GB/TB (powers of 1000) and KiB/MiB/GiB/TiB.
+
+    The result is a whole number of bytes in 1 … 2^53 (the format's byte-count bound); anything
+    else (zero, negative, ``1e999``, ``nan``, a 30-digit number) is a ``ValueError`` naming the text."""
     units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-    stripped = text.strip().upper().replace(" ", "")
-    number = stripped.rstrip("KMGTIB")
-    unit = stripped[len(number):]
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
+    if isinstance(text, int) and not isinstance(text, bool):
+        value, unit = float(text) if abs(text) < 2**63 else math.inf, ""
+    else:
+        stripped = str(text).strip().upper().replace(" ", "")[:64]
+        number = stripped.rstrip("KMGTIB")
+        unit = stripped[len(number):]
+        try:
+            value = float(number) if re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+", number) else -1.0
+        except ValueError:
+            value = -1.0
     if unit not in units or value <= 0:
-        raise ValueError(f"cannot read a size from {text!r} (examples: 5GB, 500MB, 2GiB)")
-    return int(value * units[unit])
+        raise ValueError(f"cannot read a size from {str(text)[:40]!r} (examples: 5GB, 500MB, 2GiB)")
+    size = value * units[unit]
+    if not math.isfinite(size) or size > fmt.MAX_BYTE_COUNT or size < 1:
+        raise ValueError(f"size {str(text)[:40]!r} is outside 1 B … 2^53 bytes (examples: 5GB, 500MB, 2GiB)")
+    return int(size)
 
 
 def shard_units(layout: fmt.Layout) -> list[list[fmt.TensorSpec]]:
@@ -150,6 +158,108 @@ def prepare_output(out: str, *, overwrite: bool) -> None:
             raise ConversionError(f"{out} is not empty: pass --overwrite to replace it, or choose another output path")
 
 
+# what an earlier output of ours holds: a ``--overwrite`` replaces only a directory of these
+_OUR_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+OUTPUT_SIDE_FILES = ("README.md",)  # written beside the checkpoint (the model card)
+
+
+def _is_our_name(name: str, extra_names: Iterable[str]) -> bool:
+    from .hub import COMPANION_FILES
+
+    return (name in (fmt.CONFIG_FILE, fmt.INDEX_FILE, *OUTPUT_SIDE_FILES, *COMPANION_FILES, *extra_names)
+            or bool(_OUR_SHARD.fullmatch(name)))
+
+
+def _is_our_index(path: str) -> bool:
+    try:
+        with open_regular(path) as handle:
+            document = json.loads(handle.read(64 << 20).decode("utf-8"))
+    except (OSError, ValueError):
+        return False
+    metadata = document.get("metadata") if isinstance(document, dict) else None
+    return isinstance(metadata, dict) and metadata.get("format") == fmt.FORMAT_NAME
+
+
+def _current_directory() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # removed meanwhile: it cannot be inside OUT
+        return None
+
+
+def _inside(path: str, directory: str) -> bool:
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+@dataclass(frozen=True)
+class OutputTarget:
+    """Where a checkpoint will be written and what it replaces.
+
+    OUT absent: a hidden work folder beside it (in its parent), renamed to OUT at the end.
+    OUT an existing directory (empty, a mount point, under a read-only parent, or an earlier
+    output being overwritten): the hidden work folder is made inside OUT and its files are
+    moved into OUT at the end (the index last), so nothing is written on another filesystem
+    and OUT itself is never renamed."""
+
+    out: str
+    inside: bool  # True: work inside OUT (it exists)
+    replaced: tuple[str, ...] = ()  # entries of OUT an overwrite replaces
+
+    @property
+    def work_parent(self) -> str:
+        """The directory the work folder is made in (it shares OUT's filesystem)."""
+        return self.out if self.inside else (os.path.dirname(self.out) or ".")
+
+    def existing_ancestor(self) -> str:
+        """The nearest directory that exists on the way to ``work_parent`` (where free space is measured)."""
+        path = self.work_parent
+        while not os.path.isdir(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+        return path
+
+
+def output_target(out: str, *, overwrite: bool, extra_names: Iterable[str] = ()) -> OutputTarget:
+    """Decide where ``out`` is written; refuse what cannot or must not be replaced.
+
+    A non-empty OUT needs ``overwrite``, and then must look like an earlier output of ours (our
+    shards, config, index of this format, companion files and card, nothing else); an OUT that
+    is the current directory, or holds it, is never overwritten. Our own hidden work folders
+    in OUT do not count. Raises ``ConversionError`` naming OUT and the fix."""
+    out = os.path.abspath(os.fspath(out))
+    if not os.path.lexists(out):
+        return OutputTarget(out, inside=False)
+    if not os.path.isdir(out) or os.path.islink(out):
+        raise ConversionError(f"{out} exists and is not a directory: choose another output path")
+    try:
+        entries = sorted(name for name in os.listdir(out) if not _is_our_hidden(name, out))
+    except OSError as exc:
+        raise ConversionError(f"cannot list {out}: {exc.strerror or exc}") from None
+    if not entries:
+        return OutputTarget(out, inside=True)
+    if not overwrite:
+        raise ConversionError(f"{out} is not empty: pass --overwrite to replace it, or choose another output path")
+    cwd = _current_directory()
+    if cwd is not None and _inside(cwd, out):
+        raise ConversionError(f"{out} is the current directory or holds it: --overwrite would replace the files "
+                              "you are working in; name another OUT, or cd elsewhere first")
+    foreign = [name for name in entries if not _is_our_name(name, extra_names)]
+    index = os.path.join(out, fmt.INDEX_FILE)
+    if os.path.lexists(index) and not _is_our_index(index):
+        foreign.insert(0, f"{fmt.INDEX_FILE} (not a {fmt.FORMAT_NAME} index)")
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f", … ({len(foreign)} in all)" if len(foreign) > 3 else "")
+        raise ConversionError(f"{out} does not look like an earlier output of this converter (it holds {shown}): "
+                              "--overwrite replaces only those; empty it yourself or choose another output path")
+    return OutputTarget(out, inside=True, replaced=tuple(entries))
+
+
+def free_bytes(path: str) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem holding ``path``."""
+    info = os.statvfs(path)
+    return info.f_bavail * info.f_frsize
+
+
 class CheckpointWriter:
     """Streams a normalized checkpoint into place. Use as a context manager::
 
@@ -176,20 +286,25 @@ class CheckpointWriter:
         hash_workers: int = 2,
         record_sha256: bool = True,
         extra_files: Mapping[str, str | os.PathLike[str]] | None = None,
+        sparse: bool = False,
     ) -> None:
         self.out = os.path.abspath(os.fspath(out))
+        self.sparse = sparse  # the caller leaves most bytes as holes (put_zeros): no free-space check
         self.layout, self.profile, self.config = layout, profile, dict(config)
         self.source = dict(source) if source is not None else None
         self.extra_files = dict(extra_files or {})
+        # file name → text written beside the checkpoint at commit, inside the atomic write (a
+        # model card made from the finished conversion, say); set before ``commit``
+        self.text_files: dict[str, str] = {}
         self.overwrite, self.hash_workers, self.record_sha256 = overwrite, hash_workers, record_sha256
-        prepare_output(self.out, overwrite=overwrite)
-        plan = plan_shards(layout, max_shard_size)
-        self.shard_names = [shard_file_name(i + 1, len(plan)) for i in range(len(plan))]
         for name in self.extra_files:
             if os.path.basename(name) != name or name in (".", "..", fmt.CONFIG_FILE, fmt.INDEX_FILE) \
-                    or name.lower().endswith(fmt.WEIGHT_FILE_SUFFIXES):
+                    or name.lower().endswith(fmt.WEIGHT_FILE_SUFFIXES) or name.startswith("."):
                 raise ConversionError(f"extra file {name!r} must be a plain file name that is not the checkpoint's own "
                                       "config, index or a weight file")
+        self.target = output_target(self.out, overwrite=overwrite, extra_names=self.extra_files)
+        plan = plan_shards(layout, max_shard_size)
+        self.shard_names = [shard_file_name(i + 1, len(plan)) for i in range(len(plan))]
         self._plan: dict[str, PlannedTensor] = {}
         self._headers: dict[str, tuple[bytes, int]] = {}
         for shard, specs in zip(self.shard_names, plan, strict=True):
@@ -204,16 +319,54 @@ class CheckpointWriter:
         self.committed = False
         self.removed_stale: list[str] = []
 
+    @property
+    def shard_sizes(self) -> dict[str, int]:
+        """Shard file name → its size in bytes (header included), as it will be written."""
+        return {shard: size for shard, (_header, size) in self._headers.items()}
+
+    def planned_bytes(self) -> int:
+        """Bytes the finished output occupies: the shards, the extra files and a generous bound
+        for config.json and the index (written last; their exact size depends on the digests)."""
+        extra = 0
+        for source in self.extra_files.values():
+            with contextlib.suppress(OSError):
+                extra += os.stat(source).st_size
+        extra += sum(len(text.encode("utf-8")) for text in self.text_files.values()) + 64 * 1024  # e.g. a card
+        index_bound = 4096 + sum(len(name) + len(planned.shard) + 16 for name, planned in self._plan.items())
+        index_bound += len(self.shard_names) * 96 + len(json.dumps(self.source or {}, default=str)) + 1024
+        config_bound = 2 * len(json.dumps(self.config, indent=2, default=str)) + 4096
+        return sum(self.shard_sizes.values()) + extra + index_bound + config_bound
+
+    def check_space(self) -> None:
+        """Refuse, before the first byte, an output that cannot finish where it will be written:
+        the free space of that filesystem must cover ``planned_bytes``."""
+        if self.sparse:
+            return
+        where = self.target.existing_ancestor()
+        needed, free = self.planned_bytes(), free_bytes(where)
+        if needed > free:
+            raise ConversionError(
+                f"{self.out}: the output needs {format_bytes(needed)} ({needed:,} bytes) but the filesystem holding "
+                f"{where} has {format_bytes(free)} free: free some space or choose another OUT")
+
     def __enter__(self) -> CheckpointWriter:
-        parent = os.path.dirname(self.out) or "."
-        os.makedirs(parent, exist_ok=True)
+        if not self.target.inside:
+            self.check_space()
+            os.makedirs(self.target.work_parent, exist_ok=True)
         self.removed_stale = remove_stale_partials(self.out)
-        self.tmp = _make_private_dir(self.out, "partial")
-        for shard, (header, size) in self._headers.items():
-            fd = os.open(os.path.join(self.tmp, shard), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            os.pwrite(fd, header, 0)
-            os.ftruncate(fd, size)
-            self._fds[shard] = fd
+        self.check_space()
+        try:
+            self.tmp = _make_private_dir(self.out, "partial", self.target.work_parent)
+            for shard, (header, size) in self._headers.items():
+                fd = os.open(os.path.join(self.tmp, shard), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                self._fds[shard] = fd
+                os.pwrite(fd, header, 0)
+                os.ftruncate(fd, size)
+        except OSError as exc:
+            self.abort()
+            where = self.tmp or self.target.work_parent
+            raise ConversionError(f"cannot write the output {self.out} (in {where}): {exc.strerror or exc}: "
+                                  "choose an OUT you can write to") from None
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -269,6 +422,14 @@ class CheckpointWriter:
         weight_map = {name: planned.shard for name, planned in self._plan.items()}
         for name, source in self.extra_files.items():
             _copy_regular(source, os.path.join(self.tmp, name))
+        for name, text in self.text_files.items():
+            if os.path.basename(name) != name or name.startswith(".") or name in (fmt.CONFIG_FILE, fmt.INDEX_FILE) \
+                    or name in self.extra_files or name.lower().endswith(fmt.WEIGHT_FILE_SUFFIXES):
+                raise ConversionError(f"text file {name!r} must be a plain file name of its own")
+            with open(os.path.join(self.tmp, name), "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
         _write_json(os.path.join(self.tmp, fmt.CONFIG_FILE), self.config)
         _write_json(os.path.join(self.tmp, fmt.INDEX_FILE), {"metadata": metadata, "weight_map": weight_map})
         self._move_into_place()
@@ -287,10 +448,13 @@ class CheckpointWriter:
 
     def _move_into_place(self) -> None:
         assert self.tmp is not None
-        prepare_output(self.out, overwrite=self.overwrite)
-        if os.path.isdir(self.out) and not os.listdir(self.out):
+        now = output_target(self.out, overwrite=self.overwrite, extra_names=self.extra_files)
+        if self.target.inside:
+            self._swap_entries(now.replaced)
+            return
+        if now.inside and not now.replaced:  # made (empty) meanwhile
             os.rmdir(self.out)
-        if os.path.isdir(self.out):
+        if now.inside:  # an earlier output appeared meanwhile: moved aside, then removed
             trash = _make_private_dir(self.out, "old")
             os.rename(self.out, os.path.join(trash, "old"))
             os.rename(self.tmp, self.out)
@@ -298,6 +462,26 @@ class CheckpointWriter:
         else:
             os.rename(self.tmp, self.out)
         _fsync_dir(os.path.dirname(self.out))
+
+    def _swap_entries(self, replaced: Iterable[str]) -> None:
+        """Inside an existing OUT: the entries being replaced moved into a hidden ``old`` folder
+        in OUT, the new ones moved in (the index last: an interruption never leaves a directory
+        that passes the preflight), then the old ones removed. Nothing leaves OUT's filesystem."""
+        assert self.tmp is not None
+        old = None
+        replaced = list(replaced)
+        if replaced:
+            old = _make_private_dir(self.out, "old", self.out)
+            for name in replaced:
+                os.rename(os.path.join(self.out, name), os.path.join(old, name))
+        names = sorted(os.listdir(self.tmp), key=lambda name: name == fmt.INDEX_FILE)
+        for name in names:
+            os.rename(os.path.join(self.tmp, name), os.path.join(self.out, name))
+        _fsync_dir(self.out)
+        os.rmdir(self.tmp)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        _fsync_dir(self.out)
 
 
 def _copy_regular(source: str | os.PathLike[str], target: str) -> None:
@@ -320,11 +504,11 @@ def host_tag() -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:64] or "host"
 
 
-def _make_private_dir(out: str, kind: str) -> str:
-    """A new hidden directory beside ``out`` named ``.OUT.KIND-HOST-PID-RANDOM``: created with the
-    user's umask (like any directory the user makes), and naming its owner so that a later run
-    can tell a dead run's leftovers from a live one's."""
-    parent = os.path.dirname(out) or "."
+def _make_private_dir(out: str, kind: str, where: str | None = None) -> str:
+    """A new hidden directory named ``.OUT.KIND-HOST-PID-RANDOM`` in ``where`` (default: beside
+    ``out``): created with the user's umask (like any directory the user makes), and naming its
+    owner so that a later run can tell a dead run's leftovers from a live one's."""
+    parent = where if where is not None else (os.path.dirname(out) or ".")
     for _ in range(100):
         path = os.path.join(parent, f"{_hidden_prefix(out, kind)}{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}")
         try:
@@ -332,7 +516,12 @@ def _make_private_dir(out: str, kind: str) -> str:
             return path
         except FileExistsError:
             continue
-    raise ConversionError(f"cannot create a temporary directory beside {out}")
+    raise ConversionError(f"cannot create a temporary directory in {parent}")
+
+
+def _is_our_hidden(name: str, out: str) -> bool:
+    """Whether ``name`` (an entry of OUT) is a work or old folder of a writer of OUT."""
+    return any(name.startswith(_hidden_prefix(out, kind)) for kind in ("partial", "old"))
 
 
 def _owner_alive(name: str, prefix: str) -> bool:
@@ -352,16 +541,18 @@ def _owner_alive(name: str, prefix: str) -> bool:
 
 def stale_partials(out: str | os.PathLike[str], *, kind: str = "partial") -> list[str]:
     """Hidden ``kind`` directories ("partial": unfinished outputs, "old": a previous output moved
-    aside) that a killed run writing ``out`` left beside it (their process is gone)."""
+    aside) that a killed run writing ``out`` left beside it or inside it (their process is gone)."""
     out = os.path.abspath(os.fspath(out))
-    parent = os.path.dirname(out) or "."
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return []
-    return [os.path.join(parent, name) for name in sorted(names)
-            if name.startswith(_hidden_prefix(out, kind)) and not _owner_alive(name, _hidden_prefix(out, kind))
-            and os.path.isdir(os.path.join(parent, name)) and not os.path.islink(os.path.join(parent, name))]
+    found = []
+    for parent in (os.path.dirname(out) or ".", out):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        found += [os.path.join(parent, name) for name in sorted(names)
+                  if name.startswith(_hidden_prefix(out, kind)) and not _owner_alive(name, _hidden_prefix(out, kind))
+                  and os.path.isdir(os.path.join(parent, name)) and not os.path.islink(os.path.join(parent, name))]
+    return found
 
 
 def remove_stale_partials(out: str | os.PathLike[str]) -> list[str]:
@@ -370,8 +561,10 @@ def remove_stale_partials(out: str | os.PathLike[str]) -> list[str]:
     ``--overwrite`` just before the new one took its place) may be the only copy of it: it is
     named, never removed."""
     for path in stale_partials(out, kind="old"):
-        logger.warning("%s holds the previous %s, moved aside by an interrupted run: move %s/old back "
-                       "or delete the directory", path, os.path.basename(os.fspath(out)), path)
+        what = f"move {path}/old back" if os.path.isdir(os.path.join(path, "old")) else \
+            f"move the files in {path} back into {os.fspath(out)}"
+        logger.warning("%s holds the previous %s, moved aside by an interrupted run: %s "
+                       "or delete the directory", path, os.path.basename(os.fspath(out)), what)
     removed = []
     for path in stale_partials(out):
         size = _tree_size(path)

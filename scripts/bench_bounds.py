@@ -151,7 +151,7 @@ def _zero_scales_120b(path: str) -> None:
     dims = fmt.PROFILES[fmt.PROFILE_120B]
     layout = fmt.Layout.unpadded(dims)
     with CheckpointWriter(path, layout, fmt.PROFILE_120B, fmt.hf_config(dims), max_shard_size=5_000_000_000,
-                          source={"generator": "bounds benchmark"}, record_sha256=False) as writer:
+                          source={"generator": "bounds benchmark"}, record_sha256=False, sparse=True) as writer:
         for name in writer.planned:
             writer.put_zeros(name)  # the scales too: a preallocated, never-written download
         writer.commit()

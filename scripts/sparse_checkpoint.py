@@ -33,7 +33,8 @@ def build_sparse_checkpoint(
     layout = fmt.Layout(dims, padded_hidden_size or dims.hidden_size, padded_intermediate_size or dims.intermediate_size)
     rng = np.random.default_rng(seed)
     with CheckpointWriter(out, layout, profile, fmt.hf_config(dims), max_shard_size=max_shard_size,
-                          source={"generator": "sparse benchmark checkpoint"}, record_sha256=False) as writer:
+                          source={"generator": "sparse benchmark checkpoint"}, record_sha256=False,
+                          sparse=True) as writer:
         for name, planned in writer.planned.items():
             if fmt.is_expert_scale(name):
                 scales = rng.uniform(2.0**-12, 2.0**-6, size=planned.spec.numel).astype("<f4")

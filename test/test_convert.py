@@ -362,9 +362,14 @@ def test_non_empty_output_needs_overwrite(mxfp4_source: Path, tmp_path: Path) ->
     with pytest.raises(ConversionError, match="not empty"):
         convert(mxfp4_source, out, progress=False)
     assert (out / "keep.txt").read_text() == "mine"
-    convert(mxfp4_source, out, overwrite=True, progress=False)
-    assert not (out / "keep.txt").exists()
+    with pytest.raises(ConversionError, match="does not look like an earlier output"):
+        convert(mxfp4_source, out, overwrite=True, progress=False)  # a user's files are never deleted
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    convert(mxfp4_source, out, progress=False)
+    convert(mxfp4_source, out, overwrite=True, progress=False, max_shard_size="40KB")  # an earlier output of ours
     assert preflight(out, allow_custom_model=True).ok
+    assert not [p for p in out.iterdir() if p.name.startswith(".")] and not [p for p in tmp_path.iterdir() if p.name != "out"]
 
 
 @pytest.mark.parametrize("where", ["same", "inside"])

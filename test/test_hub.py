@@ -138,16 +138,79 @@ def test_repo_id_shape(text: str, expected: bool) -> None:
     assert hub.is_repo_id(text) is expected
 
 
-def test_hub_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    LocalEntryNotFoundError = pytest.importorskip("huggingface_hub.errors").LocalEntryNotFoundError
+def _hub_error(kind: str) -> BaseException:
+    """The error huggingface_hub's ``snapshot_download`` raises in each situation (its own
+    classes, chained the way it chains them)."""
+    import requests
+    from huggingface_hub import errors
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
-    def offline(**_: Any) -> str:
-        raise LocalEntryNotFoundError("Cannot find an appropriate cached snapshot folder\nsecond line")
+    response = requests.Response()
+    if kind == "offline":  # HF_HUB_OFFLINE set, not in the cache
+        exc = LocalEntryNotFoundError("Cannot find an appropriate cached snapshot folder for the specified revision on "
+                                      "the local disk and outgoing traffic has been disabled. To enable repo look-ups "
+                                      "and downloads online, set 'HF_HUB_OFFLINE=0' as environment variable.")
+        exc.__cause__ = errors.OfflineModeIsEnabled("offline")
+        return exc
+    if kind == "no_network":
+        exc = LocalEntryNotFoundError("An error happened while trying to locate the files on the Hub and we cannot find "
+                                      "the appropriate snapshot folder\nPlease check your internet connection")
+        exc.__cause__ = requests.exceptions.ConnectionError("Max retries exceeded")
+        return exc
+    if kind == "local_files_only":
+        return LocalEntryNotFoundError("Cannot find an appropriate cached snapshot folder for the specified revision on "
+                                       "the local disk and outgoing traffic has been disabled. To enable repo look-ups "
+                                       "and downloads online, pass 'local_files_only=False' as input.")
+    if kind == "gated":
+        response.status_code = 401
+        return errors.GatedRepoError("Access to model is restricted", response=response)
+    if kind == "not_found":
+        response.status_code = 401
+        return errors.RepositoryNotFoundError("Repository Not Found", response=response)
+    if kind == "revision":
+        response.status_code = 404
+        return errors.RevisionNotFoundError("Invalid rev id: nope", response=response)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(("kind", "offline_env", "says", "never"), [
+    ("offline", "1", ["downloads are off (HF_HUB_OFFLINE=1)", "not in the local Hub cache"], []),
+    ("no_network", None, ["could not be reached", "ConnectionError", "not in the local Hub cache"], ["HF_HUB_OFFLINE"]),
+    ("local_files_only", None, ["not in the local Hub cache", "local files only"], ["HF_HUB_OFFLINE"]),
+    ("gated", None, ["gated repo", "hf auth login"], ["HF_HUB_OFFLINE"]),
+    ("not_found", None, ["does not exist on the Hub, or is private"], ["HF_HUB_OFFLINE"]),
+    ("revision", None, ["has no revision 'nope'", "--revision"], ["HF_HUB_OFFLINE"]),
+])
+def test_hub_errors_say_what_actually_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str,
+                                             offline_env: str | None, says: list[str], never: list[str]) -> None:
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline_env is not None)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    if offline_env is None:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    else:
+        monkeypatch.setenv("HF_HUB_OFFLINE", offline_env)
+
+    def failing(**_: Any) -> str:
+        raise _hub_error(kind)
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConversionError) as caught:
-        hub.resolve_source(REPO_ID, download=offline)
-    assert "\n" not in str(caught.value) and "HF_HUB_OFFLINE" in str(caught.value)
+        hub.resolve_source(REPO_ID, revision="nope" if kind == "revision" else None, download=failing)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"cannot fetch {REPO_ID}@")
+    for text in says:
+        assert text in message, message
+    for text in never:
+        assert text not in message, message
+
+
+def test_a_cached_repo_without_the_revision_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    (tmp_path / "hub" / f"models--{REPO_ID.replace('/', '--')}").mkdir(parents=True)
+    message = hub.explain_hub_error(_hub_error("local_files_only"), REPO_ID, "v2")
+    assert "revision v2 of it is not in the local Hub cache" in message and "holds other revisions" in message
 
 
 def test_missing_huggingface_hub_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

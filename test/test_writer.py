@@ -109,6 +109,26 @@ def test_extra_files_are_copied_inside_the_atomic_write(tmp_path: Path) -> None:
     assert (out / fmt.INDEX_FILE).is_file() and not any(p.name.startswith(".") for p in tmp_path.iterdir())
 
 
+def test_text_files_are_written_at_commit_and_count_as_ours(tmp_path: Path) -> None:
+    layout = fmt.Layout.unpadded(TINY_DIMS)
+    out = tmp_path / "out"
+    for _ in range(2):  # the second run overwrites the first, card included
+        with CheckpointWriter(out, layout, "custom", fmt.hf_config(TINY_DIMS), overwrite=True) as writer:
+            _write_all(writer)
+            writer.text_files["README.md"] = "---\nbase_model: x\n---\n"
+            writer.commit()
+    assert (out / "README.md").read_text().startswith("---") and (out / fmt.INDEX_FILE).is_file()
+    assert not any(p.name.startswith(".") for p in [*tmp_path.iterdir(), *out.iterdir()])
+
+
+@pytest.mark.parametrize(("text", "message"), [("0", "cannot read"), ("1e999", "cannot read"), ("nan", "cannot read"),
+                                               ("9" * 30, "outside"), ("0.5B", "outside"), (2**60, "outside"),
+                                               (10**40, "outside"), (-3, "cannot read")])
+def test_parse_size_bounds(text: str | int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_size(text)
+
+
 @pytest.mark.parametrize("name", ["config.json", fmt.INDEX_FILE, "sub/tokenizer.json", "..", "x.safetensors", "w.bin"])
 def test_extra_files_cannot_shadow_the_checkpoint(tmp_path: Path, name: str) -> None:
     (tmp_path / "f").write_text("x")
@@ -135,9 +155,13 @@ def test_refuses_non_empty_output_without_overwrite(tmp_path: Path) -> None:
     with pytest.raises(ConversionError, match="--overwrite"):
         make_tiny(out)
     assert (out / "keep.txt").read_text() == "mine"
-    make_tiny(out, overwrite=True)
-    assert not (out / "keep.txt").exists()
-    assert preflight(out, allow_custom_model=True).ok
+    with pytest.raises(ConversionError, match=r"does not look like an earlier output.*keep\.txt"):
+        make_tiny(out, overwrite=True)  # user files are never deleted
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    make_tiny(out, seed=1)
+    make_tiny(out, overwrite=True)  # an earlier output of ours is replaced
+    assert preflight(out, allow_custom_model=True).ok and not [p for p in out.iterdir() if p.name.startswith(".")]
 
 
 def test_same_inputs_give_identical_bytes(tmp_path: Path) -> None:

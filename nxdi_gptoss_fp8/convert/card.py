@@ -215,19 +215,16 @@ def _support_window() -> str:
 
 
 def write_model_card(writer: CheckpointWriter, report: ConversionReport, source: Source) -> str:
-    """Write ``README.md`` into the writer's temporary directory (it moves into place with the
-    checkpoint) and drop a source ``README.md`` from the files to copy: the card replaces it.
-    Returns the card's path in the temporary directory."""
+    """Hand ``README.md`` to the writer (``text_files``: written into its temporary directory at
+    commit, so it moves into place with the checkpoint and counts as ours for ``--overwrite``)
+    and drop a source ``README.md`` from the files to copy: the card replaces it.
+    Returns the card's text."""
     assert writer.tmp is not None, "write_model_card() inside the writer's with-block"
     writer.extra_files.pop(CARD_FILE, None)
     companions = sorted(writer.extra_files)
     text = render_card(report, source, writer.layout, writer.source or {}, companions)
-    path = os.path.join(writer.tmp, CARD_FILE)
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return path
+    writer.text_files[CARD_FILE] = text
+    return text
 
 
 __all__ = ["CARD_FILE", "front_matter", "loading_neuron_config", "render_card", "source_license", "write_model_card"]

@@ -11,7 +11,8 @@ Everything else is BF16 under its HF name.
 Conversion: every row whose largest value exceeds Neuron's ±240 is halved and its scale
 doubled — a power of two, so every value E4M3 can still hold stays exact; only values in the
 bottom binade (below 2^-5 before halving) can round, and those are counted with their worst
-error. The split of the fused gate_up into ``gate_proj``/``up_proj`` depends on the
+error. A NaN byte, a non-finite bias or a ``weight_scale`` that is not a normal, finite, positive
+float32 (a subnormal one included) on a row with values is refused. The split of the fused gate_up into ``gate_proj``/``up_proj`` depends on the
 llm-compressor version (even/odd columns, or halves in 0.12.0–0.13.0) and is decided from
 the names and ``transformers_version`` where that is possible, otherwise stated by the user
 (``gate_up_split``). Anything else compressed-tensors can express is refused, never guessed.
@@ -28,11 +29,11 @@ import torch
 from .. import format as fmt
 from ..errors import ConversionError
 from ..mxfp4 import Exactness
-from ..quant import FP8_DTYPE, fp8_values
+from ..quant import FP8_DTYPE, MIN_NORMAL_SCALE, fp8_values
 from ..safetensors_header import TensorInfo
 from .layout import TILE as _TILE_ROWS
 from .layout import chunk_halves, chunk_interleaved, pad_to, place_down, place_gate_up
-from .output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, put_biases, stream_experts
+from .output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, put_biases, require_finite, stream_experts
 from .source import EXPERTS, FLOAT_DTYPES, HF_PREFIX, ExpertRows, SourceReader, SourceSpec, non_expert_specs
 
 NAME = "compressed-tensors-fp8"
@@ -153,7 +154,7 @@ class CompressedTensorsFp8:
 
     def reference_biases(self, reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         experts = reader.source.dims.num_local_experts
-        biases = {proj: torch.stack([reader.get(f"{_prefix(reader, layer, e)}{proj}.bias").to(torch.bfloat16)
+        biases = {proj: torch.stack([_finite(reader, f"{_prefix(reader, layer, e)}{proj}.bias").to(torch.bfloat16)
                                      for e in range(experts)]) for proj in _PROJECTIONS}
         gate, up = biases["gate_proj"], biases["up_proj"]
         if reader.source.options["gate_up_split"] == SPLIT_HALVES:
@@ -178,6 +179,12 @@ class _ScaledRows(ExpertRows):
     def decode(self, raw_rows: torch.Tensor, index: slice | torch.Tensor) -> torch.Tensor:
         values = fp8_values(raw_rows) if self.dtype == torch.float32 else raw_rows.to(self.dtype)
         return values.mul_(self.scale[index])
+
+
+def _finite(reader: SourceReader, name: str) -> torch.Tensor:
+    values = reader.get(name)
+    require_finite(values, reader.source.tensors[name][0], name)
+    return values
 
 
 def _prefix(reader: SourceReader, layer: int, expert: int) -> str:
@@ -303,10 +310,13 @@ def _check_rows(row_max: torch.Tensor, scale: torch.Tensor, where: str) -> tuple
         row = int((row_max == _FP8_NAN).nonzero()[0])
         raise ConversionError(f"{where} row {row} holds a NaN byte: corrupt source")
     s = scale.reshape(-1).float()
-    usable = torch.isfinite(s) & (s > 0)
+    usable = torch.isfinite(s) & (s >= MIN_NORMAL_SCALE)  # a normal, finite float32 > 0
     if not bool(usable[row_max > 0].all()):
         row = int(((row_max > 0) & ~usable).nonzero()[0])
-        raise ConversionError(f"{where} row {row} has weight_scale {float(s[row])}: corrupt source")
+        value = float(s[row])
+        why = ("below float32's normal range (2^-126): the output's scales must be normal floats"
+               if 0 < value < MIN_NORMAL_SCALE else "not a finite positive scale")
+        raise ConversionError(f"{where} row {row} has weight_scale {value}, {why}: corrupt source")
     halve = row_max > _NEURON_MAX_BYTE
     s = torch.where(usable, s, torch.ones_like(s))
     s = torch.where(halve, s * 2, s)

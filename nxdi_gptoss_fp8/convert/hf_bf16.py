@@ -2,8 +2,9 @@
 
 Experts are fused per layer and already input-dim first: ``gate_up_proj`` [E, H, 2I] (gate/up
 interleaved on the last dim), ``down_proj`` [E, I, H]; biases as in MXFP4 sources. Each expert
-is quantized afresh, per output channel, with ``amax / 240`` scales; the report gives the
-relative errors.
+is quantized afresh, per output channel, with ``amax / 240`` scales (at least float32's smallest
+normal, 2^-126, for a channel of subnormal values); the report gives the relative errors. A NaN
+or ±inf anywhere is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .. import format as fmt
 from ..errors import ConversionError
 from ..quant import quantize_expertwise
 from ..safetensors_header import TensorInfo
-from .output import ExpertStats, Output, Workspace, hf_biases, put_biases
+from .output import ExpertStats, Output, Workspace, hf_biases, put_biases, require_finite, require_normal_scales
 from .source import FLOAT_DTYPES, ExpertRows, SourceReader, SourceSpec, expert_source_name, non_expert_specs
 
 NAME = "hf-bf16"
@@ -79,9 +80,12 @@ def _projection(reader: SourceReader, layer: int, proj: str, out: Output) -> Exp
     scales_out = torch.empty((experts, 1, cols_out), dtype=torch.float32)
     stats = ExpertStats(f"{name}.weight")
     rel_sum, nonzero = 0.0, 0
+    source_name = expert_source_name(layer, short)
+    path = reader.source.tensors[source_name][0]
     for expert in range(experts):
-        weight = reader.slice(expert_source_name(layer, short))[expert].float()  # gate_up [H, 2I]; down [I, H]
+        weight = reader.slice(source_name)[expert].float()  # gate_up [H, 2I]; down [I, H]
         reader.release()
+        require_finite(weight, path, f"{source_name}[{expert}]")
         dense = torch.zeros((rows_out, cols_out), dtype=torch.float32)
         if proj == fmt.GATE_UP:
             h, two_i = weight.shape
@@ -101,6 +105,7 @@ def _projection(reader: SourceReader, layer: int, proj: str, out: Output) -> Exp
             rel_sum += float(rel.double().sum())
             nonzero += rel.numel()
         out.put(f"{name}.weight", q[0], offset=expert * rows_out * cols_out)
+    require_normal_scales(scales_out, f"{name}.scale")
     out.put(f"{name}.scale", scales_out)
     stats.mean_rel_error = rel_sum / nonzero if nonzero else 0.0
     return stats

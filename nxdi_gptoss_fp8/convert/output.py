@@ -19,8 +19,9 @@ from typing import Any
 import torch
 
 from .. import format as fmt
+from ..errors import ConversionError
 from ..mxfp4 import Exactness
-from ..quant import FP8_DTYPE
+from ..quant import FP8_DTYPE, MIN_NORMAL_SCALE
 from ..writer import CheckpointWriter
 from .layout import chunk_interleaved, pad_to
 from .source import SourceReader, expert_source_name
@@ -128,6 +129,36 @@ class ConversionReport:
             if len(self.experts) > limit:
                 lines.append(f"    … {len(self.experts) - limit} more (see to_dict())")
         return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- value checks
+
+
+def require_finite(values: torch.Tensor, where: str, name: str, first_row: int = 0) -> None:
+    """Refuse a source tensor (or a row block of it, starting at ``first_row``) holding NaN or ±inf:
+    the converter never copies or quantizes one (``where`` names the file)."""
+    if not values.is_floating_point() or not values.numel():
+        return
+    low, high = torch.aminmax(values)  # NaN and ±inf propagate; ~15 times faster than isfinite on BF16
+    if bool(torch.isfinite(low) & torch.isfinite(high)):
+        return
+    finite = torch.isfinite(values)
+    index = [int(i) for i in (~finite).nonzero()[0]]
+    value = float(values[tuple(index)])
+    if values.dim() and first_row:
+        index[0] += first_row
+    raise ConversionError(f"{where}: {name}{index} is {value}: the source holds a non-finite value, which no "
+                          "conversion can carry; nothing was written (re-download the source, or fix the "
+                          "model that produced it)")
+
+
+def require_normal_scales(scales: torch.Tensor, name: str) -> None:
+    """The last guard before a scale is written: every one a normal, finite float32 > 0."""
+    good = torch.isfinite(scales) & (scales >= MIN_NORMAL_SCALE)
+    if not bool(good.all()):
+        index = [int(i) for i in (~good).nonzero()[0]]
+        raise ConversionError(f"{name}{index} would be {float(scales[tuple(index)])}, not a normal, finite, positive "
+                              "float32 scale: refusing to write it (corrupt or degenerate source values)")
 
 
 # --------------------------------------------------------------------------- writing
@@ -295,6 +326,7 @@ def stream_experts(reader: SourceReader, out: Output, workspace: Workspace, name
         finish_oldest()
     reader.release()
     workspace.wait()
+    require_normal_scales(scales_out, f"{name}.scale")
     out.put(f"{name}.scale", scales_out)
     return exactness
 
@@ -305,9 +337,12 @@ def stream_experts(reader: SourceReader, out: Output, workspace: Workspace, name
 def copy_padded(reader: SourceReader, src_name: str, out: Output, name: str) -> None:
     """Rename, cast to BF16 and zero-pad one non-expert tensor, in row chunks."""
     shape = out.shape(name)
-    source_shape = reader.source.tensors[src_name][1].shape
+    path, info = reader.source.tensors[src_name]
+    source_shape = info.shape
     if len(shape) == 1:
-        out.put(name, pad_to(reader.get(src_name).to(torch.bfloat16), shape))
+        values = reader.get(src_name)
+        require_finite(values, path, src_name)
+        out.put(name, pad_to(values.to(torch.bfloat16), shape))
         return
     rows, cols = shape
     step = max(1, CHUNK_BYTES // (cols * 2))
@@ -316,6 +351,7 @@ def copy_padded(reader: SourceReader, src_name: str, out: Output, name: str) -> 
         part = torch.zeros((stop - start, cols), dtype=torch.bfloat16)
         if start < source_shape[0]:
             chunk = reader.slice(src_name)[start:min(stop, source_shape[0])]
+            require_finite(chunk, path, src_name, start)
             part[: chunk.shape[0], : chunk.shape[1]] = chunk
             del chunk
             reader.release()
@@ -334,8 +370,13 @@ def put_biases(out: Output, layer: int, gate_up: torch.Tensor, down: torch.Tenso
 
 def hf_biases(reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused HF expert biases (MXFP4 and BF16 sources): gate_up [E, 2I] interleaved, down [E, H]."""
-    return (reader.get(expert_source_name(layer, "gate_up_proj_bias")).to(torch.bfloat16),
-            reader.get(expert_source_name(layer, "down_proj_bias")).to(torch.bfloat16))
+    biases = []
+    for short in ("gate_up_proj_bias", "down_proj_bias"):
+        name = expert_source_name(layer, short)
+        values = reader.get(name)
+        require_finite(values, reader.source.tensors[name][0], name)
+        biases.append(values.to(torch.bfloat16))
+    return biases[0], biases[1]
 
 
 def output_config(source_config: dict[str, Any], dims: fmt.ModelDims) -> dict[str, Any]:

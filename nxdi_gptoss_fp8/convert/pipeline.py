@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -18,10 +17,14 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import ConversionError
+from ..progress import Progress
 from ..writer import CheckpointWriter, parse_size
 from .card import write_model_card
+from .compressed_tensors import NAME as SOURCE_COMPRESSED_TENSORS
 from .compressed_tensors import CompressedTensorsFp8
+from .hf_bf16 import NAME as SOURCE_BF16
 from .hf_bf16 import HfBf16
+from .hf_mxfp4 import NAME as SOURCE_MXFP4
 from .hf_mxfp4 import HfMxfp4
 from .output import (
     ConversionReport,
@@ -32,7 +35,17 @@ from .output import (
     output_config,
     single_threaded_torch,
 )
-from .source import Source, SourceKind, SourceReader, SourceSpec, check_tensors, non_expert_names, read_source_files
+from .plan import ConversionPlan, PlannedFile, local_reads, plan_conversion
+from .source import (
+    Source,
+    SourceKind,
+    SourceReader,
+    SourceSpec,
+    check_claimed_dims,
+    check_tensors,
+    non_expert_names,
+    read_source_files,
+)
 
 KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (HfMxfp4(), HfBf16(), CompressedTensorsFp8())}
 
@@ -76,6 +89,7 @@ def open_source(src: str | os.PathLike[str], *, gate_up_split: str | None = None
     """
     root, config, dims, tensors = read_source_files(src)
     kind = _classify(set(tensors))
+    check_claimed_dims(os.path.join(root, fmt.CONFIG_FILE), dims, tensors)  # before any work sized by them
     stated = {} if gate_up_split is None else {"gate_up_split": gate_up_split}
     options = kind.resolve(config, dims, tensors, os.path.join(root, fmt.CONFIG_FILE), stated)
     check_tensors(tensors, kind.specs(dims, options), kind.name)
@@ -90,12 +104,109 @@ def _check_paths(source_root: str, out: str) -> None:
         )
 
 
-def _progress_bar(enabled: bool, total: int, layers: int) -> Any:
-    from tqdm import tqdm
+def _padded(value: Any, label: str, base: int) -> int:
+    """A padded size as asked (None: the model's own), bounded like the format bounds it."""
+    if value is None:
+        return base
+    if type(value) is not int or not 1 <= value <= fmt.MAX_DIMENSION:
+        shown = repr(value) if not isinstance(value, int) or abs(value) < 10**20 else f"an integer of {len(str(abs(value)))} digits"
+        raise ConversionError(f"{label} must be an integer in {base} … 2^31 ({base} plus a multiple of "
+                              f"{fmt.PAD_MULTIPLE}), not {shown}")
+    return value
 
-    show = enabled and sys.stderr.isatty()
-    return tqdm(total=total, unit="B", unit_scale=True, desc=f"convert 0/{layers} layers",
-                file=sys.stderr, disable=not show, dynamic_ncols=True)
+
+def plan_writer(source_config: Mapping[str, Any], dims: fmt.ModelDims, out: str | os.PathLike[str], *,
+                padded_hidden_size: int | None = None, padded_intermediate_size: int | None = None,
+                max_shard_size: str | int = "5GB", overwrite: bool = False,
+                source: Mapping[str, Any] | None = None,
+                extra_files: Mapping[str, str | os.PathLike[str]] | None = None) -> CheckpointWriter:
+    """The output side of a conversion, planned and checked (nothing written yet): padded sizes
+    and the shard size within the format's bounds, OUT usable (``writer.output_target``)."""
+    layout = fmt.Layout(dims, _padded(padded_hidden_size, "padded_hidden_size", dims.hidden_size),
+                        _padded(padded_intermediate_size, "padded_intermediate_size", dims.intermediate_size))
+    problems = layout.padding_problems()
+    if problems:
+        raise ConversionError("; ".join(problems))
+    total = fmt.expected_total_size(layout)
+    if total > fmt.MAX_BYTE_COUNT:
+        raise ConversionError(f"the output would hold {total:,} bytes, beyond the format's 2^53: use smaller padded sizes")
+    try:
+        shard_bytes = parse_size(max_shard_size)
+    except ValueError as exc:
+        raise ConversionError(f"--max-shard-size: {exc}") from None
+    return CheckpointWriter(os.path.abspath(os.fspath(out)), layout, fmt.profile_for_dims(dims),
+                            output_config(dict(source_config), dims), max_shard_size=shard_bytes,
+                            source=source, overwrite=overwrite, extra_files=extra_files)
+
+
+def plan(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    padded_hidden_size: int | None = None,
+    padded_intermediate_size: int | None = None,
+    max_shard_size: str | int = "5GB",
+    overwrite: bool = False,
+    provenance: Mapping[str, Any] | None = None,
+    extra_files: Mapping[str, str | os.PathLike[str]] | None = None,
+    gate_up_split: str | None = None,
+) -> ConversionPlan:
+    """What ``convert`` with the same arguments would read and write, where, whether it fits
+    and its expected peak memory; writes nothing (``ConversionPlan.render_text`` / ``to_dict``).
+    Raises ``ConversionError`` for what ``convert`` would refuse before planning."""
+    return _prepare(src, out, padded_hidden_size=padded_hidden_size,
+                    padded_intermediate_size=padded_intermediate_size, max_shard_size=max_shard_size,
+                    overwrite=overwrite, provenance=provenance, extra_files=extra_files,
+                    gate_up_split=gate_up_split)[2]
+
+
+def _prepare(src: str | os.PathLike[str], out: str | os.PathLike[str], *, padded_hidden_size: int | None,
+             padded_intermediate_size: int | None, max_shard_size: str | int, overwrite: bool,
+             provenance: Mapping[str, Any] | None, extra_files: Mapping[str, str | os.PathLike[str]] | None,
+             gate_up_split: str | None) -> tuple[Source, CheckpointWriter, ConversionPlan]:
+    source = open_source(src, gate_up_split=gate_up_split)
+    out_path = os.path.abspath(os.fspath(out))
+    _check_paths(source.root, out_path)
+    writer = plan_writer(source.config, source.dims, out_path, padded_hidden_size=padded_hidden_size,
+                         padded_intermediate_size=padded_intermediate_size, max_shard_size=max_shard_size,
+                         overwrite=overwrite, source={**source.provenance(), **(provenance or {})},
+                         extra_files=extra_files)
+    extras = {name: os.fspath(path) for name, path in (extra_files or {}).items()}
+    reads = local_reads(source.root, source.tensors, extras)
+    return source, writer, plan_conversion(source=source.root, source_format=source.kind, writer=writer, reads=reads)
+
+
+def plan_from_hub(fetch: Any, out: str | os.PathLike[str], *, padded_hidden_size: int | None = None,
+                  padded_intermediate_size: int | None = None, max_shard_size: str | int = "5GB",
+                  overwrite: bool = False) -> ConversionPlan:
+    """The plan of converting a Hub repo from its ``hub.FetchPlan`` (config, index and companions
+    fetched; the shards' sizes from the cache or the Hub's metadata), before the shards move."""
+    from ..hub import COMPANION_FILES, companion_files
+    from .source import read_json
+
+    config_path = os.path.join(fetch.metadata_path, fmt.CONFIG_FILE)
+    config = read_json(config_path, fmt.CONFIG_FILE)
+    if not isinstance(config, dict):
+        raise ConversionError(f"{config_path} is not a JSON object")
+    try:
+        dims = fmt.dims_from_config(config)
+    except fmt.ConfigFieldError as exc:
+        raise ConversionError(f"{config_path}: {exc}") from None
+    quant = config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    kind = {"mxfp4": SOURCE_MXFP4, "compressed-tensors": SOURCE_COMPRESSED_TENSORS}.get(method, SOURCE_BF16)
+    extras = companion_files(fetch.metadata_path)
+    writer = plan_writer(config, dims, out, padded_hidden_size=padded_hidden_size,
+                         padded_intermediate_size=padded_intermediate_size, max_shard_size=max_shard_size,
+                         overwrite=overwrite, source={}, extra_files=extras)
+    reads = []
+    for name in (fmt.CONFIG_FILE, fmt.INDEX_FILE, *COMPANION_FILES):
+        path = os.path.join(fetch.metadata_path, name)
+        if os.path.isfile(path):
+            reads.append(PlannedFile(name, os.stat(path).st_size, cached=True))
+    reads += [PlannedFile(shard, fetch.sizes.get(shard), cached=fetch.cached.get(shard, False)) for shard in fetch.shards]
+    return plan_conversion(source=f"{fetch.repo_id}@{fetch.commit or fetch.revision or 'main'}", source_format=kind,
+                           writer=writer, reads=reads, download_dir=fetch.download_dir)
 
 
 def convert(
@@ -117,10 +228,13 @@ def convert(
     Args:
         src: the checkpoint directory (config.json + model.safetensors.index.json or
             model.safetensors); its ``original/`` subdirectory is never read. Never modified.
-        out: the output directory; must be absent or empty unless ``overwrite``.
+        out: the output directory; absent, or an existing directory (written inside, so a
+            mount point works) that is empty unless ``overwrite`` (then only an earlier output
+            of this converter is replaced).
         padded_hidden_size / padded_intermediate_size: H' and I' (H or I plus a multiple of 32).
         max_shard_size: largest shard, e.g. ``"5GB"``.
-        progress: show a tqdm bar on stderr (only when it is a terminal).
+        progress: show progress on stderr: a bar on a terminal, a plain line every few seconds
+            elsewhere (``progress.Progress``).
         provenance: extra fields for the index's ``source`` metadata (e.g. the Hub repo and the
             commit it resolved to; ``hub.ResolvedSource.provenance()``).
         extra_files: output file name → file to copy beside the checkpoint (tokenizer and
@@ -130,37 +244,33 @@ def convert(
 
     Returns:
         A ``ConversionReport`` (bytes, time, exactness). Raises ``ConversionError`` for a source
-        that is not a supported GPT-OSS checkpoint, an existing output, or bad padded sizes. Example::
+        that is not a supported GPT-OSS checkpoint or holds a non-finite value, an output that
+        cannot or must not be written, bad padded sizes, or a plan (``plan``) that does not fit
+        the free space. Example::
 
             report = convert("gpt-oss-120b", "gpt-oss-120b-fp8")
             print(report.render_text())
     """
     started = time.perf_counter()
-    source = open_source(src, gate_up_split=gate_up_split)
+    source, writer, planned = _prepare(
+        src, out, padded_hidden_size=padded_hidden_size, padded_intermediate_size=padded_intermediate_size,
+        max_shard_size=max_shard_size, overwrite=overwrite, provenance=provenance, extra_files=extra_files,
+        gate_up_split=gate_up_split)
+    planned.check()
     kind = source_kind(source)
     dims = source.dims
-    layout = fmt.Layout(dims, padded_hidden_size or dims.hidden_size, padded_intermediate_size or dims.intermediate_size)
-    problems = layout.padding_problems()
-    if problems:
-        raise ConversionError("; ".join(problems))
-    out_path = os.path.abspath(os.fspath(out))
-    _check_paths(source.root, out_path)
-    try:
-        shard_bytes = parse_size(max_shard_size)
-    except ValueError as exc:
-        raise ConversionError(str(exc)) from None
-    profile = fmt.profile_for_dims(dims)
+    layout = writer.layout
+    profile = writer.profile
+    out_path = writer.out
     by_layer: dict[int, list[tuple[str, str]]] = {}
     globals_: list[tuple[str, str]] = []
     for hf_name, name in non_expert_names(dims).items():
         match = re.match(r"layers\.(\d+)\.", name)
         (by_layer.setdefault(int(match.group(1)), []) if match else globals_).append((hf_name, name))
     stats: list[ExpertStats] = []
-    bar = _progress_bar(progress, fmt.expected_total_size(layout), dims.num_hidden_layers)
-    with bar, SourceReader(source) as reader, CheckpointWriter(
-        out_path, layout, profile, output_config(source.config, dims), max_shard_size=shard_bytes,
-        source={**source.provenance(), **(provenance or {})}, overwrite=overwrite, extra_files=extra_files,
-    ) as writer, ThreadPoolExecutor(max_workers=1, thread_name_prefix="convert-write") as pool, ThreadPoolExecutor(
+    bar = Progress(fmt.expected_total_size(layout), f"convert 0/{dims.num_hidden_layers} layers",
+                   show=None if progress else False)
+    with bar, SourceReader(source) as reader, writer, ThreadPoolExecutor(max_workers=1, thread_name_prefix="convert-write") as pool, ThreadPoolExecutor(
         max_workers=Workspace.LANES, thread_name_prefix="convert-encode"
     ) as compute, single_threaded_torch():
         # the pools exit before the writer: no write is still running when it closes its files
@@ -181,8 +291,8 @@ def convert(
         )
         assert writer.source is not None
         writer.source["exactness"] = report.exactness_summary()
-        write_model_card(writer, report, source)  # README.md, moved into place with the checkpoint
-        bar.set_description("hashing shards")
-        writer.commit()
+        write_model_card(writer, report, source)  # README.md, written with the checkpoint at commit
+        bar.close()
+        writer.commit(show_progress=None if progress else False)
     report.elapsed_s = time.perf_counter() - started
     return report

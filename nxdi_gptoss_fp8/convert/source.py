@@ -321,6 +321,41 @@ def read_source_files(src: str | os.PathLike[str]) -> tuple[str, dict[str, Any],
     return root, config, dims, tensors
 
 
+_LAYER_NAME = re.compile(rf"^{re.escape(HF_PREFIX)}layers\.(\d{{1,12}})\.")
+
+
+def check_claimed_dims(config_path: str, dims: fmt.ModelDims, tensors: dict[str, tuple[str, TensorInfo]]) -> None:
+    """Every dimension ``config.json`` claims, against the tensors the index and headers hold,
+    before any work is planned from it: the layer count against the layers named, and each
+    dimension against the shape of a tensor that carries it (when present: a missing tensor is
+    reported later, by name). Work after this is proportional to the tensors that exist, so a
+    config claiming 10^6 layers or experts is refused at once."""
+    layers = {int(match[1]) for name in tensors if (match := _LAYER_NAME.match(name))}
+    if len(layers) != dims.num_hidden_layers or (layers and max(layers) != dims.num_hidden_layers - 1):
+        found = f"{len(layers)} (layers {min(layers)}…{max(layers)})" if layers else "none"
+        raise ConversionError(
+            f"{config_path}: num_hidden_layers is {dims.num_hidden_layers:,} but the index and shard headers hold "
+            f"tensors for {found}: config.json from another model, or an incomplete download")
+    q, kv = dims.num_attention_heads * dims.head_dim, dims.num_key_value_heads * dims.head_dim
+    claims = [
+        (f"{HF_PREFIX}embed_tokens.weight", 0, dims.vocab_size, "vocab_size"),
+        (f"{HF_PREFIX}embed_tokens.weight", 1, dims.hidden_size, "hidden_size"),
+        (f"{HF_PREFIX}layers.0.mlp.router.weight", 0, dims.num_local_experts, "num_local_experts"),
+        (f"{HF_PREFIX}layers.0.self_attn.sinks", 0, dims.num_attention_heads, "num_attention_heads"),
+        (f"{HF_PREFIX}layers.0.self_attn.q_proj.weight", 0, q, "num_attention_heads × head_dim"),
+        (f"{HF_PREFIX}layers.0.self_attn.k_proj.weight", 0, kv, "num_key_value_heads × head_dim"),
+    ]
+    for name, axis, claimed, label in claims:
+        entry = tensors.get(name)
+        if entry is None or len(entry[1].shape) <= axis:
+            continue
+        held = entry[1].shape[axis]
+        if held != claimed:
+            raise ConversionError(
+                f"{config_path}: {label} is {claimed:,} but {entry[0]} holds {name} with {held:,} there "
+                f"(shape {list(entry[1].shape)}): config.json and weights come from different models")
+
+
 def check_tensors(tensors: dict[str, tuple[str, TensorInfo]], specs: dict[str, SourceSpec], kind: str) -> None:
     """Every spec present with its shape and dtype, and nothing else."""
     missing = sorted(set(specs) - set(tensors))
