@@ -468,11 +468,12 @@ def _size(text: str, option: str = "--max-shard-size") -> int:
 
 
 def _padded_size(text: str) -> int:
-    """An argparse type for H'/I': a decimal integer in 1 … 2^31 (the format's dimension bound)."""
+    """An argparse type for H'/I': a decimal integer up to 2^31 (the format's dimension bound); 0 and
+    sizes below the model's are refused by the command itself, which knows the model."""
     stripped = text.strip()
-    if not stripped.isdigit() or len(stripped) > 10 or not 1 <= int(stripped) <= fmt.MAX_DIMENSION:
+    if not stripped.isdigit() or len(stripped) > 10 or int(stripped) > fmt.MAX_DIMENSION:  # 0: the command's own check
         shown = stripped if len(stripped) <= 20 else f"a number of {len(stripped)} characters"
-        raise argparse.ArgumentTypeError(f"must be a whole number in 1 … 2^31 (the model's size plus a multiple "
+        raise argparse.ArgumentTypeError(f"must be a whole number up to 2^31 (the model's size plus a multiple "
                                          f"of {fmt.PAD_MULTIPLE}), not {shown}")
     return int(stripped)
 

@@ -202,10 +202,10 @@ def test_a_config_claiming_more_than_the_files_hold_is_refused_before_any_planni
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--padded-hidden-size", "2147483712"], "--padded-hidden-size: must be a whole number in 1 … 2^31"),
+    (["--padded-hidden-size", "2147483712"], "--padded-hidden-size: must be a whole number up to 2^31"),
     (["--padded-intermediate-size", "1" * 30], "a number of 30 characters"),
     (["--padded-hidden-size", "-64"], "must be a whole number"),
-    (["--padded-hidden-size", "0"], "must be a whole number"),
+    (["--padded-hidden-size", "0"], "padded_hidden_size must be an integer in 64"),
     (["--max-shard-size", "1e999"], "--max-shard-size: cannot read a size"),
     (["--max-shard-size", "nan"], "cannot read a size"),
     (["--max-shard-size", "0"], "cannot read a size"),
