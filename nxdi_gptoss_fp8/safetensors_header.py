@@ -211,6 +211,7 @@ def _parse_by_rule(text: str, data_size: int) -> tuple[dict[str, TensorInfo], di
 
 
 _ENTRY_ORDER = ["dtype", "shape", "data_offsets"]
+_SCAN_JSON = json.JSONDecoder().scan_once  # (value, end) of the JSON text at an index, no hooks
 
 
 def _parse_common(text: str, data_size: int) -> tuple[dict[str, TensorInfo], dict[str, str]] | None:
@@ -228,11 +229,11 @@ def _parse_common(text: str, data_size: int) -> tuple[dict[str, TensorInfo], dic
     if "-0" in text or "\\u" in text:
         return None
     try:
-        document = json.loads(text)
-    except (ValueError, RecursionError):
+        document, end = _SCAN_JSON(text, 0)  # json.loads without its wrapper (whitespace regexes)
+    except (ValueError, RecursionError, StopIteration):
         return None
-    if type(document) is not dict:
-        return None
+    if type(document) is not dict or (end != len(text) and text[end:].strip(" \t\n\r")):
+        return None  # not an object, or more than JSON whitespace after it (writers pad with spaces)
     pairs = len(document)
     metadata = document.pop(METADATA_KEY, {})
     in_strings = "".join(document).count(":")

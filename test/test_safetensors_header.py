@@ -256,7 +256,9 @@ _EDITS = [
     lambda t: t.replace('{"dtype": ', '{"shape": [], "dtype": ', 1),
     lambda t: t.replace('"shape": [', '"shape": [[1], ', 1),
     lambda t: t.replace('"shape": [', '"shape": [1, 1, 1, 1, 1, 1, 1, 1, 1, ', 1),
-    lambda t: t + " ",
+    lambda t: t + " \t\r\n",
+    lambda t: t + "\x0b",
+    lambda t: t + " {}",
     lambda t: t[:-1] + ', "x": {}}',
     lambda t: t.replace('"', '"\\"', 1),
 ]
