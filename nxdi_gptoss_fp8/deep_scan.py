@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ from .deps import missing
 from .errors import NotRegularFileError
 from .files import open_regular
 from .findings import PreflightReport, Severity
+from .hashing import Cancelled, gather
 from .progress import Progress
 from .units import format_bytes, format_duration, plural
 
@@ -186,10 +187,6 @@ def _chunks(target: ScanTarget, chunk_bytes: int) -> Iterator[tuple[int, int, in
 def _first_true(mask: np.ndarray) -> tuple[int, int]:
     flat = int(np.argmax(mask))
     return divmod(flat, mask.shape[1])
-
-
-class Cancelled(Exception):
-    """The scan was asked to stop (Ctrl-C in the thread that waits for the workers)."""
 
 
 class Scratch:
@@ -387,25 +384,11 @@ def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int
 def _in_threads(by_shard: dict[str, list[ScanTarget]], threads: int, chunk_bytes: int,
                 progress: Callable[[int], None], cancel: threading.Event) -> dict[str, list[_Event]]:
     """``_scan_shard`` for every shard in ``threads`` threads; the results in ``by_shard``'s order.
-
-    The waiting thread wakes every 0.1 s, so Ctrl-C reaches it promptly; it then sets
-    ``cancel`` and every worker stops at its next chunk (not at the end of its shard).
-    """
+    Ctrl-C sets ``cancel`` and every worker stops at its next chunk (``hashing.gather``)."""
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="deep-scan") as pool:
         futures = {shard: pool.submit(_scan_shard, group, chunk_bytes, progress, cancel)
                    for shard, group in by_shard.items()}
-        try:
-            pending = set(futures.values())
-            while pending:
-                done, pending = wait(pending, timeout=0.1, return_when=FIRST_EXCEPTION)
-                if any(future.exception() is not None for future in done):
-                    break
-        except BaseException:
-            cancel.set()
-            for future in futures.values():
-                future.cancel()
-            raise
-        return {shard: future.result() for shard, future in futures.items()}
+        return gather(futures, cancel)
 
 
 def _report(report: PreflightReport, target: ScanTarget, result: TensorResult) -> None:

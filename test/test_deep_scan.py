@@ -356,7 +356,9 @@ def test_ctrl_c_while_waiting_for_the_threads_stops_every_thread(tiny_template: 
     next chunk instead of finishing their shards, and the interrupt propagates."""
     report = preflight(tiny_template, allow_custom_model=True)
     total = sum(t.nbytes for t in ds.scan_targets(report.view))
-    real_wait, done = ds.wait, []
+    from nxdi_gptoss_fp8 import hashing
+
+    real_wait, done = hashing.wait, []
 
     def interrupted_wait(*args: Any, **kwargs: Any) -> Any:
         if done:
@@ -372,7 +374,7 @@ def test_ctrl_c_while_waiting_for_the_threads_stops_every_thread(tiny_template: 
         scanned.append(size)
         time_module.sleep(0.02)
 
-    monkeypatch.setattr(ds, "wait", interrupted_wait)
+    monkeypatch.setattr(hashing, "wait", interrupted_wait)
     monkeypatch.setattr(ds, "Progress", lambda *a, **k: type("P", (), {"update": staticmethod(slow_progress),
                                                                       "close": lambda self: None})())
     started = time_module.perf_counter()
