@@ -15,11 +15,10 @@ straddle an expert, and reports per tensor, with counts and the first offending 
 
 "Zero" means numerically zero: +0 and -0 (0x00, 0x80 in FP8; 0x0000, 0x8000 in BF16).
 
-Speed: a chunk is tested as 64-bit words in cache-sized blocks — the sign bits masked off into
-one small reused buffer, then one max reduction: the largest magnitude in the block says
-whether any value is out of range (and whether any is non-zero), with no per-value Python and
-no temporary the size of a chunk. Only a chunk holding a bad value is looked at value by value,
-for the count and the first coordinates. Shards are scanned in parallel threads (reading and
+Speed: a cache-sized chunk is read into one reused buffer and tested with two max reductions
+over it, viewed unsigned and signed (``_flags``): they say exactly whether any value is out of
+range and whether any is non-zero, with no per-value Python and no temporary array. Only a
+chunk holding a bad value is looked at value by value, for the count and the first coordinates. Shards are scanned in parallel threads (reading and
 numpy release the GIL); findings are reported in the same order whatever the thread count.
 """
 
@@ -50,12 +49,9 @@ from .units import format_bytes, format_duration, plural
 if TYPE_CHECKING:
     from .checks import CheckpointView
 
-CHUNK_BYTES = 4 << 20  # bytes read at a time (per thread): large enough to amortize a call
-BLOCK_BYTES = 256 << 10  # bytes tested at a time: the block and its masked copy stay in cache
+CHUNK_BYTES = 2 << 20  # bytes read at a time (per thread): stays in cache for the two reductions
 _EXPONENT_TOP = 0x78  # (byte & 0x7F) >= 0x78  <=>  exponent bits all ones
 _BF16_EXPONENT_TOP = 0x7F80  # (value & 0x7FFF) >= 0x7F80  <=>  exponent bits all ones: ±inf, NaN
-# per element size: the sign bits cleared in a 64-bit word, and the smallest bad magnitude
-_MAGNITUDE = {1: (0x7F7F7F7F7F7F7F7F, _EXPONENT_TOP), 2: (0x7FFF7FFF7FFF7FFF, _BF16_EXPONENT_TOP)}
 
 
 # Tensors whose last dimension is H' (padded at its end); the others are listed in padding_region.
@@ -189,56 +185,34 @@ def _first_true(mask: np.ndarray) -> tuple[int, int]:
     return divmod(flat, mask.shape[1])
 
 
-class Scratch:
-    """What one scanning thread reuses across chunks: the read buffer and the masked block."""
+def _flags(data: memoryview, itemsize: int) -> tuple[bool, bool]:
+    """(some value is out of range, some value is non-zero) among the ``itemsize``-byte
+    little-endian values of ``data``: exact, from two max reductions and no temporary.
 
-    def __init__(self, chunk_bytes: int) -> None:
-        self.buffer = bytearray(chunk_bytes)
-        self.words = np.empty(max(1, BLOCK_BYTES // 8), dtype=np.uint64)
-
-
-def _peak_magnitude(data: memoryview, itemsize: int, scratch: Scratch, stop_at: int) -> int:
-    """The largest magnitude (sign bit cleared) among the ``itemsize``-byte values in ``data``,
-    or any value ≥ ``stop_at`` once one block holds such a value (the caller then looks closer).
-
-    Whole 64-bit words in blocks: one masking pass into the reused ``scratch.words``, one max
-    reduction over it viewed as ``itemsize``-byte values; the few bytes after the last whole
-    word alone.
+    Viewed unsigned, the largest value is a negative one (sign bit set) when there is any;
+    viewed signed, it is the largest positive one. A positive value is out of range when it is
+    at least ``bad`` (FP8 0x78, BF16 0x7F80: exponent all ones), a negative one when it is at
+    least ``sign | bad``; non-zero means at least 1, or ``sign | 1`` (-0 is zero).
     """
-    mask, _ = _MAGNITUDE[itemsize]
-    element = np.uint8 if itemsize == 1 else np.uint16
-    whole = len(data) // 8
-    words = np.frombuffer(data, dtype=np.uint64, count=whole)
-    block = scratch.words.size
-    peak = 0
-    for start in range(0, whole, block):
-        part = words[start:start + block]
-        masked = scratch.words[:part.size]
-        np.bitwise_and(part, mask, out=masked)
-        peak = max(peak, int(masked.view(element).max()))
-        if peak >= stop_at:
-            return peak
-    if len(data) > 8 * whole:
-        tail = np.frombuffer(data[8 * whole:], dtype=element) & (mask & (0xFF if itemsize == 1 else 0xFFFF))
-        peak = max(peak, int(tail.max()))
-    return peak
+    unsigned = np.frombuffer(data, dtype=np.uint8 if itemsize == 1 else np.uint16)
+    if not unsigned.size:
+        return False, False
+    sign, bad = (0x80, _EXPONENT_TOP) if itemsize == 1 else (0x8000, _BF16_EXPONENT_TOP)
+    top_negative = int(unsigned.max())
+    top_positive = int(unsigned.view(np.int8 if itemsize == 1 else np.int16).max())
+    return (top_positive >= bad or top_negative >= sign | bad), (top_positive >= 1 or top_negative >= sign | 1)
 
 
 def scan_tensor(target: ScanTarget, handle: Any, buffer: bytearray, *, chunk_bytes: int = CHUNK_BYTES,
-                progress: Any = None, scratch: Scratch | None = None,
-                cancel: threading.Event | None = None) -> TensorResult:
+                progress: Any = None, cancel: threading.Event | None = None) -> TensorResult:
     """Scan one tensor from the open shard ``handle`` using ``buffer`` (≥ one chunk).
 
-    ``scratch`` (one per thread) is made when not given; ``cancel``, when set, stops the scan
-    at the next chunk with ``Cancelled``.
+    ``cancel``, when set, stops the scan at the next chunk with ``Cancelled``.
     """
     result = TensorResult()
     row_bytes = target.cols * target.itemsize
     element = np.uint8 if target.itemsize == 1 else np.uint16
-    mask, bad_from = _MAGNITUDE[target.itemsize]
-    mask &= 0xFF if target.itemsize == 1 else 0xFFFF
-    if scratch is None:
-        scratch = Scratch(0)
+    mask, bad_from = (0x7F, _EXPONENT_TOP) if target.itemsize == 1 else (0x7FFF, _BF16_EXPONENT_TOP)
     nonzero_in_expert = False
     for expert, row, count in _chunks(target, chunk_bytes):
         if cancel is not None and cancel.is_set():
@@ -251,9 +225,9 @@ def scan_tensor(target: ScanTarget, handle: Any, buffer: bytearray, *, chunk_byt
         got = handle.readinto(view)
         if got != size:
             raise EOFError(f"{target.shard} ended inside {target.key}")
-        peak = _peak_magnitude(view, target.itemsize, scratch, bad_from)
+        out_of_range, nonzero = _flags(view, target.itemsize)
         values = None
-        if peak >= bad_from:  # rare: count the bad values and find the first, value by value
+        if out_of_range:  # rare: count the bad values and find the first, value by value
             values = np.frombuffer(buffer, dtype=element, count=size // target.itemsize).reshape(count, target.cols)
             bad = (values & mask) >= bad_from
             bad_count = int(np.count_nonzero(bad))
@@ -267,7 +241,7 @@ def scan_tensor(target: ScanTarget, handle: Any, buffer: bytearray, *, chunk_byt
                     result.first_non_finite = (expert, row + r, c, int(values[r, c]))
                 result.non_finite += bad_count
         if target.fp8:
-            nonzero_in_expert = nonzero_in_expert or peak > 0
+            nonzero_in_expert = nonzero_in_expert or nonzero
             if row + count == target.rows and not nonzero_in_expert:
                 result.zero_experts.append(expert)
         if target.padding is not None:
@@ -310,13 +284,13 @@ def _scan_shard(targets: list[ScanTarget], chunk_bytes: int, progress: Callable[
                 cancel: threading.Event) -> list[_Event]:
     """Scan the ``targets`` of one shard (sorted by offset) with this thread's own buffers."""
     events: list[_Event] = []
-    scratch = Scratch(max(t.cols * t.itemsize * _rows_per_chunk(t, chunk_bytes) for t in targets))
+    buffer = bytearray(max(t.cols * t.itemsize * _rows_per_chunk(t, chunk_bytes) for t in targets))
     try:
         with open_regular(targets[0].path, buffering=0) as handle:
             for target in targets:
                 try:
-                    result = scan_tensor(target, handle, scratch.buffer, chunk_bytes=chunk_bytes,
-                                         progress=progress, scratch=scratch, cancel=cancel)
+                    result = scan_tensor(target, handle, buffer, chunk_bytes=chunk_bytes,
+                                         progress=progress, cancel=cancel)
                 except EOFError as exc:
                     events.append(("eof", target, exc))
                     continue
@@ -383,12 +357,15 @@ def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int
 
 def _in_threads(by_shard: dict[str, list[ScanTarget]], threads: int, chunk_bytes: int,
                 progress: Callable[[int], None], cancel: threading.Event) -> dict[str, list[_Event]]:
-    """``_scan_shard`` for every shard in ``threads`` threads; the results in ``by_shard``'s order.
+    """``_scan_shard`` for every shard in ``threads`` threads, the largest first; the results in
+    ``by_shard``'s order.
     Ctrl-C sets ``cancel`` and every worker stops at its next chunk (``hashing.gather``)."""
+    largest_first = sorted(by_shard, key=lambda shard: -sum(t.nbytes for t in by_shard[shard]))  # even finish
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="deep-scan") as pool:
-        futures = {shard: pool.submit(_scan_shard, group, chunk_bytes, progress, cancel)
-                   for shard, group in by_shard.items()}
-        return gather(futures, cancel)
+        futures = {shard: pool.submit(_scan_shard, by_shard[shard], chunk_bytes, progress, cancel)
+                   for shard in largest_first}
+        outcomes = gather(futures, cancel)
+    return {shard: outcomes[shard] for shard in by_shard}
 
 
 def _report(report: PreflightReport, target: ScanTarget, result: TensorResult) -> None:

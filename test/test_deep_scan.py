@@ -303,21 +303,23 @@ def test_non_finite_counts_and_first_coordinates(tiny_checkpoint: Path) -> None:
 
 
 @pytest.mark.parametrize("itemsize", [1, 2])
-@pytest.mark.parametrize("block_words", [1, 3, 1000])
-def test_peak_magnitude_is_the_largest_value_without_its_sign(itemsize: int, block_words: int) -> None:
-    """Whole words in blocks, then the tail: every length, block size and byte position."""
+def test_flags_are_exact_for_every_value(itemsize: int) -> None:
+    """Out of range and non-zero, from the two reductions, agree with the value-by-value test
+    for every single value, beside any other value, and for random runs."""
     import numpy as np
 
-    rng = np.random.default_rng(itemsize * block_words)
-    scratch = ds.Scratch(0)
-    scratch.words = np.empty(block_words, dtype=np.uint64)
-    element = np.uint8 if itemsize == 1 else np.uint16
-    mask = 0x7F if itemsize == 1 else 0x7FFF
-    for length in range(0, 60, itemsize):
-        data = bytearray(rng.integers(0, 256, length, dtype=np.uint8).tobytes())
-        values = np.frombuffer(data, dtype=element)
-        expected = int((values & mask).max()) if values.size else 0
-        assert ds._peak_magnitude(memoryview(data), itemsize, scratch, 1 << 20) == expected, (length, data)
+    element, mask, bad = (np.uint8, 0x7F, 0x78) if itemsize == 1 else (np.uint16, 0x7FFF, 0x7F80)
+    values = range(256) if itemsize == 1 else [*range(0, 0x10000, 0x3F), 0x7F7F, 0x7F80, 0xFF7F, 0xFF80, 0x8000, 0x8001, 0xFFFF]
+
+    def expected(array: np.ndarray) -> tuple[bool, bool]:
+        return bool(((array & mask) >= bad).any()), bool((array & mask).any())
+
+    rng = np.random.default_rng(itemsize)
+    arrays = [np.array([v], dtype=element) for v in values]
+    arrays += [np.array([v, w], dtype=element) for v in values[::7] for w in values[::5]]
+    arrays += [rng.integers(0, 256 ** itemsize, n, dtype=element) for n in (0, 1, 7, 8, 9, 1000)]
+    for array in arrays:
+        assert ds._flags(memoryview(array.tobytes()), itemsize) == expected(array), array
 
 
 def test_the_findings_do_not_depend_on_the_thread_count(padded: Path) -> None:
