@@ -211,6 +211,7 @@ def _parse_by_rule(text: str, data_size: int) -> tuple[dict[str, TensorInfo], di
 
 
 _ENTRY_ORDER = ["dtype", "shape", "data_offsets"]
+_STR_LIST = {str, list}
 _SCAN_JSON = json.JSONDecoder().scan_once  # (value, end) of the JSON text at an index, no hooks
 
 
@@ -256,12 +257,11 @@ def _parse_common(text: str, data_size: int) -> tuple[dict[str, TensorInfo], dic
         bits = list(map(DTYPE_BITS.__getitem__, dtypes))
     except (KeyError, TypeError):  # an unknown or unhashable dtype
         return None
-    if set(map(type, shapes)) != {list} or set(map(type, offsets)) != {list} or set(map(len, offsets)) != {2} \
-            or max(map(len, shapes)) > 8:
+    # (the dtypes are strings: they are DTYPE_BITS keys)
+    if set(map(type, fields)) != _STR_LIST or set(map(len, offsets)) != {2} or max(map(len, shapes)) > 8:
         return None
     dims, bounds = list(chain.from_iterable(shapes)), list(chain.from_iterable(offsets))
-    if (dims and (set(map(type, dims)) != {int} or min(dims) < 0)) or set(map(type, bounds)) != {int} \
-            or min(bounds) < 0 or max(bounds) > MAX_BYTE_COUNT:
+    if set(map(type, chain(dims, bounds))) != {int} or min(chain(dims, bounds)) < 0 or max(bounds) > MAX_BYTE_COUNT:
         return None
     size_bits = list(map(operator.mul, map(math.prod, shapes), bits))
     begins, ends = bounds[0::2], bounds[1::2]
