@@ -609,8 +609,8 @@ def _check_ownership(view: CheckpointView, report: PreflightReport) -> None:
     for key in shown:
         report.add("ownership", "key_not_in_shard", f"the index assigns {key} to {view.weight_map[key]}, but no shard holds it", file=view.weight_map[key], key=key)
     report.add_omitted("ownership", "key_not_in_shard", len(nowhere) - len(shown))
-    # a key held by a shard the index does not assign it to: (key, shard) pairs of the headers
-    # that are not weight_map items, by set difference of item views (C speed)
+    # a key held by a shard the index does not assign it to: per shard, its keys' shards in the
+    # index (one C-speed map); only a shard where they are not all this shard is looked into
     misplaced: set[str] = set()
     unlisting: list[tuple[str, SafetensorsHeader]] = []  # the shards holding a key the index does not list
     for shard, header in view.headers.items():
@@ -855,7 +855,6 @@ class ScaleStats:
 # field per value): 0 = good, 1 = zero/subnormal, 2 = inf/NaN, with bit 4 added for a sign.
 _TOP_CLASS = bytes((4 if b & 0x80 else 0) | (1 if b & 0x7F == 0 else 2 if b & 0x7F == 0x7F else 0) for b in range(256))
 _NEXT_CLASS = bytes(4 | (1 if b < 0x80 else 2) for b in range(256))
-_ORDINARY_TOP = bytes(range(0x01, 0x7F))  # a top byte that alone proves a value good
 _NOT_ZERO = bytes(1 if b else 0 for b in range(256))
 _LOW_EXPONENT = bytes(1 if b in (1, 5) else 0 for b in range(256))
 
