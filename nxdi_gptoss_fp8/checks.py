@@ -870,7 +870,7 @@ def scale_stats(raw: bytes | bytearray) -> ScaleStats:
     count = len(raw) // 4
     if len(raw) != 4 * count:
         raw = raw[:4 * count]
-    top = bytes(raw[3::4])
+    top = raw[3::4]  # bytes, or a bytearray for a bytearray (no second copy)
     if top.isascii() and b"\x00" not in top and b"\x7f" not in top:
         return ScaleStats(0, 0, 0, 0)
     if not raw.translate(None, b"\x00"):  # all zero (a preallocated, never-written file)
