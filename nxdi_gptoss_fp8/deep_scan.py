@@ -15,11 +15,12 @@ straddle an expert, and reports per tensor, with counts and the first offending 
 
 "Zero" means numerically zero: +0 and -0 (0x00, 0x80 in FP8; 0x0000, 0x8000 in BF16).
 
-Speed: a chunk is read into one reused buffer and tested with two max reductions
-over it, viewed unsigned and signed (``_flags``): they say exactly whether any value is out of
-range and whether any is non-zero, with no per-value Python and no temporary array. Only a
-chunk holding a bad value is looked at value by value, for the count and the first coordinates. Shards are scanned in parallel threads (reading and
-numpy release the GIL); findings are reported in the same order whatever the thread count.
+Speed: a chunk is read into one reused buffer and tested with two max reductions over it,
+viewed unsigned and signed (``_flags``): they say exactly whether any value is out of range
+and whether any is non-zero, with no per-value Python and no temporary array. Only a chunk
+holding a bad value is looked at value by value, for the count and the first coordinates.
+Shards are scanned in parallel threads (reading and numpy release the GIL); findings are
+reported in the same order whatever the thread count.
 """
 
 from __future__ import annotations
