@@ -12,6 +12,7 @@ import functools
 import gc
 import hashlib
 import itertools
+import operator
 import os
 import re
 import stat
@@ -82,6 +83,16 @@ class CheckpointView:
     json_files: dict[str, tuple[FileIdentity, str]] = field(default_factory=dict)
     # what ``recognize`` says the directory is, once asked (``foreign_recognition``)
     recognition: Any = None
+    _namespace: tuple[fmt.Layout, dict[str, fmt.TensorSpec]] | None = field(default=None, repr=False, compare=False)
+
+    def expected(self) -> dict[str, fmt.TensorSpec] | None:
+        """``fmt.expected_namespace(self.layout)``, derived once per layout (several checks and the
+        deep scan walk it; do not modify it), or None without a layout."""
+        if self.layout is None:
+            return None
+        if self._namespace is None or self._namespace[0] is not self.layout:
+            self._namespace = (self.layout, fmt.expected_namespace(self.layout))
+        return self._namespace[1]
 
     def tensor(self, key: str) -> tuple[str, TensorInfo] | None:
         """Where ``key`` physically is: the shard the index names if it holds it, else any."""
@@ -652,6 +663,9 @@ def _read_headers(view: CheckpointView, report: PreflightReport) -> None:
             continue
         report.bytes_read += header.bytes_read
         view.headers[shard] = header
+        if view.locations.keys().isdisjoint(header.tensors):  # the common case, at C speed
+            view.locations.update(zip(header.tensors, map(list, itertools.repeat((shard,))), strict=False))
+            continue
         for key in header.tensors:
             view.locations.setdefault(key, []).append(shard)
 
@@ -674,20 +688,25 @@ def _check_ownership(view: CheckpointView, report: PreflightReport) -> None:
     for key in shown:
         report.add("ownership", "key_not_in_shard", f"the index assigns {key} to {view.weight_map[key]}, but no shard holds it", file=view.weight_map[key], key=key)
     report.add_omitted("ownership", "key_not_in_shard", len(nowhere) - len(shown))
-    # a key held by a shard the index does not assign it to: (key, shard) pairs of the headers
-    # that are not weight_map items, by set difference of item views (C speed)
+    # a key held by a shard the index does not assign it to: per shard, its keys' shards in the
+    # index (one C-speed map); only a shard where they are not all this shard is looked into
     misplaced: set[str] = set()
+    unlisting: list[tuple[str, SafetensorsHeader]] = []  # the shards holding a key the index does not list
     for shard, header in view.headers.items():
-        for key, _ in dict.fromkeys(header.tensors, shard).items() - view.weight_map.items():
-            misplaced.add(key)
+        assigned = list(map(view.weight_map.get, header.tensors))  # per key, its shard in the index
+        if assigned.count(shard) == len(assigned):
+            continue  # the common case: every key listed, and listed in this shard
+        misplaced.update(itertools.compress(header.tensors, map(operator.ne, assigned, itertools.repeat(shard))))
+        if None in assigned:
+            unlisting.append((shard, header))
     for key in sorted(misplaced & view.weight_map.keys()):
         shard = view.weight_map[key]
         if shard in view.broken_shards or key in view.headers[shard].tensors:
             continue  # the assigned shard holds it too: a collision, reported as such
         elsewhere = view.locations[key]
         report.add("ownership", "key_in_other_shard", f"the index assigns {key} to {shard}, but it is only in {', '.join(elsewhere)}: fix the weight_map or move the tensor", file=shard, key=key)
-    for shard, header in view.headers.items():
-        unlisted = header.tensors.keys() - view.weight_map.keys()
+    for shard, header in unlisting:
+        unlisted = {key for key in header.tensors if key not in view.weight_map}
         shown = _first_members(unlisted, header.tensors)  # a header may hold a million phantom names
         for key in shown:
             report.add("ownership", "unlisted_key", f"{shard} holds {key}, which the index does not list", file=shard, key=key)
@@ -695,6 +714,8 @@ def _check_ownership(view: CheckpointView, report: PreflightReport) -> None:
 
 
 def _check_collisions(view: CheckpointView, report: PreflightReport) -> None:
+    if max(map(len, view.locations.values()), default=0) < 2:
+        return
     for key, shards in view.locations.items():
         if len(shards) > 1:
             report.add("collision", "duplicate_tensor", f"{key} is in {len(shards)} shard headers ({', '.join(shards)}); exactly one may hold it", file=shards[1], key=key)
@@ -776,7 +797,7 @@ def _present_keys(view: CheckpointView) -> set[str]:
 
 
 def _check_namespace(view: CheckpointView, report: PreflightReport) -> None:
-    expected = fmt.expected_namespace(view.layout) if view.layout else None
+    expected = view.expected()
     if expected is None:
         others = _present_keys(view)
     else:
@@ -804,7 +825,7 @@ def _check_namespace(view: CheckpointView, report: PreflightReport) -> None:
             where = view.weight_map.get(key) or (view.locations.get(key) or [None])[0]
             report.add("namespace", "unexpected_key", f"{key} is not part of the format: remove it", file=where, key=key)
         report.add_omitted("namespace", "unexpected_key", len(plain) - len(shown))
-    if expected is None:
+    if expected is None or not expected.keys() - view.weight_map.keys() - view.locations.keys():
         return
     for key, spec in expected.items():
         if key in view.weight_map or key in view.locations:
@@ -812,10 +833,30 @@ def _check_namespace(view: CheckpointView, report: PreflightReport) -> None:
         report.add("namespace", "missing_key", f"{key} ({spec.dtype}{list(spec.shape)}) is missing from the index and every shard", key=key)
 
 
+_DTYPE, _BEGIN, _END = operator.itemgetter(1), operator.itemgetter(3), operator.itemgetter(4)  # of a TensorInfo
+_DTYPE_SHAPE = operator.itemgetter(1, 2)  # (dtype, shape) of a TensorInfo
+_SPEC_DTYPE_SHAPE = operator.attrgetter("dtype", "shape")  # (dtype, shape) of a TensorSpec
+_EXPERT_SCALE_SUFFIXES = (f"{fmt.GATE_UP}.scale", f"{fmt.DOWN}.scale")  # fmt.is_expert_scale, at C speed
+
+
+def _unique_locations(view: CheckpointView) -> bool:
+    """Whether no tensor is in more than one shard header (then ``view.tensor(key)`` is its one place)."""
+    return max(map(len, view.locations.values()), default=0) < 2
+
+
 def _check_dtype_shape(view: CheckpointView, report: PreflightReport) -> None:
-    if view.layout is None:
+    expected = view.expected()
+    if expected is None:
         return
-    for key, spec in fmt.expected_namespace(view.layout).items():
+    if _unique_locations(view):
+        # the common case at C speed: every present key's (dtype, shape) as the format says
+        found_types: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for header in view.headers.values():
+            found_types.update(zip(header.tensors, map(_DTYPE_SHAPE, header.tensors.values()), strict=True))
+        wanted = list(map(_SPEC_DTYPE_SHAPE, expected.values()))
+        if list(map(found_types.get, expected, wanted)) == wanted:  # a missing key counts as wanted
+            return
+    for key, spec in expected.items():
         found = view.tensor(key)
         if found is None:
             continue
@@ -826,7 +867,25 @@ def _check_dtype_shape(view: CheckpointView, report: PreflightReport) -> None:
             report.add("dtype_shape", "wrong_shape", f"{key} has shape {list(info.shape)}, the format requires {list(spec.shape)}", file=shard, key=key)
 
 
+def _sidecars_paired(view: CheckpointView) -> bool:
+    """Whether no sidecar finding can arise, decided per shard at C speed (the common case):
+    no tensor in two shards, every FP8 ``.weight`` has its scale in its own shard, and every
+    expert scale has an FP8 weight in its own shard."""
+    if not _unique_locations(view):
+        return False
+    for header in view.headers.values():
+        keys = header.tensors
+        fp8 = set(itertools.compress(keys, map(str.startswith, map(_DTYPE, keys.values()), itertools.repeat("F8_"))))
+        weights = [key for key in fp8 if key.endswith(".weight")]
+        scales = itertools.compress(keys, map(str.endswith, keys, itertools.repeat(_EXPERT_SCALE_SUFFIXES)))
+        if not keys.keys() >= set(map(fmt.scale_key_for, weights)) or not fp8 >= set(map(fmt.weight_key_for, scales)):
+            return False
+    return True
+
+
 def _check_sidecars(view: CheckpointView, report: PreflightReport) -> None:
+    if _sidecars_paired(view):
+        return
     # only FP8 tensors and expert scales have sidecar rules: select them cheaply, then sort
     candidates = {key for header in view.headers.values() for key, info in header.tensors.items()
                   if info.dtype.startswith("F8_") or fmt.is_expert_scale(key)}
@@ -876,22 +935,23 @@ class ScaleStats:
 # field per value): 0 = good, 1 = zero/subnormal, 2 = inf/NaN, with bit 4 added for a sign.
 _TOP_CLASS = bytes((4 if b & 0x80 else 0) | (1 if b & 0x7F == 0 else 2 if b & 0x7F == 0x7F else 0) for b in range(256))
 _NEXT_CLASS = bytes(4 | (1 if b < 0x80 else 2) for b in range(256))
-_ORDINARY_TOP = bytes(range(0x01, 0x7F))  # a top byte that alone proves a value good
 _NOT_ZERO = bytes(1 if b else 0 for b in range(256))
 _LOW_EXPONENT = bytes(1 if b in (1, 5) else 0 for b in range(256))
 
 
-def scale_stats(raw: bytes) -> ScaleStats:
+def scale_stats(raw: bytes | bytearray) -> ScaleStats:
     """Count little-endian float32 values in ``raw`` that are not normal, finite and > 0.
 
     No Python loop per value: the bytes of each value are taken with stride slices, classified
     with ``bytes.translate`` tables and combined as one big-integer AND, all C loops. Ordinary
-    positive scales are decided by their top byte alone (one ``translate``).
+    positive scales are decided by their top byte alone: all of them in 0x01 … 0x7E is one
+    stride slice, ``isascii`` (no sign bit) and two ``memchr`` scans (no 0x00, no 0x7F).
     """
     count = len(raw) // 4
-    raw = raw[:4 * count]
-    top = bytes(raw[3::4])
-    if not top.translate(None, _ORDINARY_TOP):
+    if len(raw) != 4 * count:
+        raw = raw[:4 * count]
+    top = raw[3::4]  # bytes, or a bytearray for a bytearray (no second copy)
+    if top.isascii() and b"\x00" not in top and b"\x7f" not in top:
         return ScaleStats(0, 0, 0, 0)
     if not raw.translate(None, b"\x00"):  # all zero (a preallocated, never-written file)
         return ScaleStats(count, 0, count, 0, 0, 0)
@@ -946,27 +1006,40 @@ def _read_scale_stats(header: SafetensorsHeader, info: TensorInfo, report: Prefl
     """Stats of one scale tensor read in chunks; also the first bad value's 4 bytes (or b"")."""
     stats = ScaleStats(0, 0, 0, 0)
     first_value = b""
-    with open_regular(header.path) as handle:
+    # one reused buffer, filled by readinto: no fresh allocation (and page faults) per chunk
+    buffer = bytearray(min(SCALE_CHUNK_BYTES, info.nbytes))
+    with open_regular(header.path, buffering=0) as handle:
         handle.seek(header.data_offset + info.begin)
         done = 0
         while done < info.nbytes:
-            raw = handle.read(min(SCALE_CHUNK_BYTES, info.nbytes - done))
-            if not raw:
+            size = min(len(buffer), info.nbytes - done)
+            got = _read_into(handle, memoryview(buffer)[:size])
+            if not got:
                 raise EOFError
-            report.bytes_read += len(raw)
-            if len(raw) % 4:
-                raw += handle.read(4 - len(raw) % 4)
+            report.bytes_read += got
+            raw = buffer if got == len(buffer) else buffer[:got]
             chunk = scale_stats(raw)
             if chunk.bad and not first_value:
-                first_value = raw[4 * chunk.first_bad:4 * chunk.first_bad + 4]
+                first_value = bytes(raw[4 * chunk.first_bad:4 * chunk.first_bad + 4])
             stats = stats.merge(chunk, done // 4)
-            done += len(raw)
+            done += got
     return stats, first_value
+
+
+def _read_into(handle: Any, view: memoryview) -> int:
+    """Fill ``view`` from ``handle`` (short reads continued); the bytes read, fewer only at the end of the file."""
+    got = 0
+    while got < len(view):
+        count = handle.readinto(view[got:])
+        if not count:
+            break
+        got += count
+    return got
 
 
 def _check_scale_values(view: CheckpointView, report: PreflightReport) -> None:
     # only scales of the format's shape are read: a mis-shaped "scale" could be any size
-    expected = fmt.expected_namespace(view.layout) if view.layout else {}
+    expected = view.expected() or {}
     for key in sorted(k for k in expected if fmt.is_expert_scale(k) and k in view.locations):
         shard, info = view.tensor(key)  # type: ignore[misc]
         spec = expected.get(key)
@@ -1004,7 +1077,8 @@ def _check_total_size(view: CheckpointView, report: PreflightReport) -> None:
     total = bounded_int(view.metadata.get("total_size"), 0, fmt.MAX_BYTE_COUNT)
     if total is None or view.broken_shards or not view.headers:
         return
-    actual = sum(info.nbytes for header in view.headers.values() for info in header.tensors.values())
+    infos = list(itertools.chain.from_iterable(header.tensors.values() for header in view.headers.values()))
+    actual = sum(map(_END, infos)) - sum(map(_BEGIN, infos))
     if actual != total:
         report.add("index", "total_size_mismatch", f"metadata total_size is {total:,} but the shard headers hold {actual:,} tensor bytes", file=fmt.INDEX_FILE, key="metadata.total_size")
 

@@ -1,40 +1,60 @@
 """SHA-256 of files and of in-memory buffers, one home for the validator, the writer and the
 loader. Stdlib only; hashlib releases the GIL on large updates, so threads hash in parallel.
+
+Work in threads stops promptly on Ctrl-C: the waiting thread wakes in short steps (a signal
+reaches it at once), sets a cancel flag that every worker checks after each chunk, and
+re-raises the ``KeyboardInterrupt`` — no shard is hashed to its end first.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
 
 from .files import open_regular
 
 CHUNK = 1 << 24  # bytes per update: memory stays at one chunk, progress moves in steps this size
+WAIT_STEP_S = 0.1  # how often the thread waiting for workers wakes (how soon it sees Ctrl-C)
 
 
 ProgressCallback = Callable[[int], None]  # called with the bytes just hashed, chunk by chunk
 
 
-def sha256_file(path: str, *, chunk: int = CHUNK, progress: ProgressCallback | None = None) -> str:
-    """Hex SHA-256 of a file, read through one reused buffer (memory stays at ``chunk``)."""
+class Cancelled(Exception):
+    """Raised in a worker thread at its next chunk once the work was cancelled (Ctrl-C)."""
+
+
+def sha256_file(path: str, *, chunk: int = CHUNK, progress: ProgressCallback | None = None,
+                cancel: threading.Event | None = None) -> str:
+    """Hex SHA-256 of a file, read through one reused buffer (memory stays at ``chunk``).
+
+    ``cancel``, once set, stops the hashing with ``Cancelled`` after the current chunk.
+    """
     digest = hashlib.sha256()
     buffer = bytearray(chunk)
     view = memoryview(buffer)
     with open_regular(path, buffering=0) as handle:
         while count := handle.readinto(buffer):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(path)
             digest.update(view[:count])
             if progress:
                 progress(count)
     return digest.hexdigest()
 
 
-def sha256_buffer(buffer: object, *, chunk: int = CHUNK, progress: ProgressCallback | None = None) -> str:
+def sha256_buffer(buffer: object, *, chunk: int = CHUNK, progress: ProgressCallback | None = None,
+                  cancel: threading.Event | None = None) -> str:
     """Hex SHA-256 of the bytes of ``buffer`` (anything exporting the buffer protocol, e.g. an
     ``mmap``), hashed in place chunk by chunk: nothing is copied."""
     digest = hashlib.sha256()
     with memoryview(buffer).cast("B") as view:  # type: ignore[arg-type]
         for start in range(0, len(view), chunk):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled
             part = view[start:start + chunk]
             digest.update(part)
             if progress:
@@ -42,24 +62,42 @@ def sha256_buffer(buffer: object, *, chunk: int = CHUNK, progress: ProgressCallb
     return digest.hexdigest()
 
 
-def _parallel(items: Mapping[str, object], hash_one: Callable[..., str], workers: int,
-              progress: ProgressCallback | None) -> dict[str, str]:
-    def run(item: tuple[str, object]) -> tuple[str, str]:
-        name, source = item
-        return name, hash_one(source, progress=progress)
+def gather(futures: Mapping[str, Future[Any]], cancel: threading.Event) -> dict[str, Any]:
+    """The results of ``futures`` (name → future), in their order, waiting in steps of
+    ``WAIT_STEP_S`` so that Ctrl-C reaches this thread promptly. On any exception here
+    (``KeyboardInterrupt``) ``cancel`` is set and queued work dropped before it propagates:
+    running workers stop at their next chunk. Otherwise every future runs to its end and the
+    first worker error in ``futures``' order is raised as it is."""
+    try:
+        pending = set(futures.values())
+        while pending:
+            pending = wait(pending, timeout=WAIT_STEP_S).not_done
+    except BaseException:
+        cancel.set()
+        for future in futures.values():
+            future.cancel()
+        raise
+    return {name: future.result() for name, future in futures.items()}
 
+
+def _parallel(items: Mapping[str, object], hash_one: Callable[..., str], workers: int,
+              progress: ProgressCallback | None, chunk: int) -> dict[str, str]:
+    cancel = threading.Event()
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return dict(pool.map(run, items.items()))
+        futures = {name: pool.submit(hash_one, source, chunk=chunk, progress=progress, cancel=cancel)
+                   for name, source in items.items()}
+        return gather(futures, cancel)
 
 
 def hash_files(paths: Mapping[str, str], *, workers: int = 2,
-               progress: ProgressCallback | None = None) -> dict[str, str]:
+               progress: ProgressCallback | None = None, chunk: int = CHUNK) -> dict[str, str]:
     """SHA-256 of several files (name → path) in parallel threads; ``progress`` gets every chunk
-    (from several threads: it must be thread-safe, as ``progress.Progress.update`` is)."""
-    return _parallel(paths, lambda path, progress: sha256_file(str(path), progress=progress), workers, progress)
+    (from several threads: it must be thread-safe, as ``progress.Progress.update`` is).
+    Ctrl-C stops every thread at its next chunk (see the module docstring)."""
+    return _parallel({name: str(path) for name, path in paths.items()}, sha256_file, workers, progress, chunk)
 
 
 def hash_buffers(buffers: Mapping[str, object], *, workers: int = 2,
-                 progress: ProgressCallback | None = None) -> dict[str, str]:
+                 progress: ProgressCallback | None = None, chunk: int = CHUNK) -> dict[str, str]:
     """SHA-256 of several in-memory buffers (name → buffer, e.g. shard mappings) in parallel threads."""
-    return _parallel(buffers, sha256_buffer, workers, progress)
+    return _parallel(buffers, sha256_buffer, workers, progress, chunk)

@@ -1445,6 +1445,30 @@ def _(ck: Ckpt) -> Options:
     return {"deep": True}
 
 
+def _non_finite_case(name: str, key: str, element: int, value: int, *, base: str = "tiny") -> None:
+    @case(name, "values", code="values.non_finite", base=base)
+    def _(ck: Ckpt) -> Options:
+        ck.poke(key, 2 * element, struct.pack("<H", value))
+        return {"deep": True}
+
+
+# the BF16 tensors of every kind the deep scan reads: +inf, -inf, NaN (quiet, signalling, negative)
+for _name, _key, _element, _value in (
+    ("deep_bf16_nan_in_q_proj", "layers.0.self_attn.q_proj.weight", 17, 0x7FC0),
+    ("deep_bf16_inf_in_embedding", "embed_tokens.weight", 1000, 0x7F80),
+    ("deep_bf16_negative_inf_in_lm_head", "lm_head.weight", 3, 0xFF80),
+    ("deep_bf16_negative_nan_in_sinks", "layers.1.self_attn.learned_sinks.sink", 0, 0xFFFF),
+    ("deep_bf16_signalling_nan_in_router", "layers.1.feed_forward.moe.router.linear_router.weight", 9, 0x7F81),
+    ("deep_bf16_nan_in_router_bias", "layers.0.feed_forward.moe.router.linear_router.bias", 1, 0x7FC0),
+    ("deep_bf16_inf_in_norm", "norm.weight", 0, 0x7F80),
+    ("deep_bf16_nan_in_layernorm", "layers.1.input_layernorm.weight", 5, 0xFFC0),
+    ("deep_bf16_inf_in_expert_bias", f"layers.0.{fmt.GATE_UP}.bias", 33, 0x7F80),
+    ("deep_bf16_nan_in_o_proj_bias", "layers.1.self_attn.o_proj.bias", 2, 0x7FC0),
+):
+    _non_finite_case(_name, _key, _element, _value)
+_non_finite_case("deep_bf16_nan_in_padded_q_proj", "layers.0.self_attn.q_proj.weight", 3, 0x7FC0, base="padded")
+
+
 def _padding_case(name: str, key: str, position: int) -> None:
     @case(name, "values", code="values.nonzero_padding", base="padded")
     def _(ck: Ckpt) -> Options:

@@ -61,10 +61,14 @@ def test_valid_checkpoints_pass_the_deep_scan(request: pytest.FixtureRequest, te
 
 
 def test_default_preflight_reads_no_fp8_byte(tiny_template: Path) -> None:
+    """The default preflight reads no FP8 or BF16 byte; the deep scan reads each one once."""
     plain, scanned = preflight(tiny_template, allow_custom_model=True), deep(tiny_template)
-    fp8 = sum(t.nbytes for t in ds.scan_targets(scanned.view))
+    targets = ds.scan_targets(scanned.view)
+    fp8 = sum(t.nbytes for t in targets if t.fp8)
     assert fp8 == sum(s.nbytes for s in fmt.expected_namespace(scanned.view.layout).values() if s.dtype == fmt.F8_E4M3)
-    assert scanned.bytes_read - plain.bytes_read == fp8
+    bf16 = sum(t.nbytes for t in targets if not t.fp8)
+    assert bf16 == sum(s.nbytes for s in fmt.expected_namespace(scanned.view.layout).values() if s.dtype == fmt.BF16)
+    assert scanned.bytes_read - plain.bytes_read == fp8 + bf16
 
 
 @pytest.mark.parametrize("template", ["tiny_template", "tiny_padded_template"])
@@ -268,3 +272,115 @@ def test_a_shard_swapped_for_a_fifo_before_the_scan_is_refused_not_blocked_on(ti
     os.mkfifo(tiny_checkpoint / shard)
     ds.deep_scan(report.view, report)
     assert "filesystem.not_a_file" in codes(report)
+
+
+Q_PROJ = "layers.0.self_attn.q_proj.weight"
+
+
+@pytest.mark.parametrize("value", [0x7F80, 0xFF80, 0x7FC0, 0xFFC0, 0x7F81, 0xFFFF, 0x7FFF])
+@pytest.mark.parametrize("key", [Q_PROJ, "embed_tokens.weight", "norm.weight", "layers.1.self_attn.learned_sinks.sink",
+                                 f"layers.1.{fmt.DOWN}.bias", "layers.0.feed_forward.moe.router.linear_router.weight"])
+def test_non_finite_bf16_values_are_found(tiny_checkpoint: Path, key: str, value: int) -> None:
+    rank = len(read_header(tiny_checkpoint / Ckpt(tiny_checkpoint).shard_of(key)).tensors[key].shape)
+    poke(tiny_checkpoint, key, (0,) * rank, struct.pack("<H", value))
+    report = deep(tiny_checkpoint)
+    (finding,) = [f for f in report.errors if f.code == "values.non_finite"]
+    assert finding.key == key and "has 1 non-finite BF16 values (±inf or NaN); first at [0" in finding.message
+    assert f"= 0x{value:04X}" in finding.message
+
+
+@pytest.mark.parametrize("value", [0x7F7F, 0xFF7F, 0x0001, 0x8001, 0x8000, 0x3F80, 0x7F00])
+def test_finite_bf16_extremes_are_not_non_finite(tiny_checkpoint: Path, value: int) -> None:
+    poke(tiny_checkpoint, Q_PROJ, (3, 5), struct.pack("<H", value))
+    assert deep(tiny_checkpoint).ok
+
+
+def test_non_finite_counts_and_first_coordinates(tiny_checkpoint: Path) -> None:
+    for coords in ((5, 9), (2, 60), (2, 61)):
+        poke(tiny_checkpoint, Q_PROJ, coords, struct.pack("<H", 0x7FC0))
+    (finding,) = [f for f in deep(tiny_checkpoint).errors if f.code == "values.non_finite"]
+    assert "has 3 non-finite BF16 values" in finding.message and "first at [2, 60] = 0x7FC0" in finding.message
+
+
+@pytest.mark.parametrize("itemsize", [1, 2])
+def test_flags_are_exact_for_every_value(itemsize: int) -> None:
+    """Out of range and non-zero, from the two reductions, agree with the value-by-value test
+    for every single value, beside any other value, and for random runs."""
+    import numpy as np
+
+    element, mask, bad = (np.uint8, 0x7F, 0x78) if itemsize == 1 else (np.uint16, 0x7FFF, 0x7F80)
+    values = range(256) if itemsize == 1 else [*range(0, 0x10000, 0x3F), 0x7F7F, 0x7F80, 0xFF7F, 0xFF80, 0x8000, 0x8001, 0xFFFF]
+
+    def expected(array: np.ndarray) -> tuple[bool, bool]:
+        return bool(((array & mask) >= bad).any()), bool((array & mask).any())
+
+    rng = np.random.default_rng(itemsize)
+    arrays = [np.array([v], dtype=element) for v in values]
+    arrays += [np.array([v, w], dtype=element) for v in values[::7] for w in values[::5]]
+    arrays += [rng.integers(0, 256 ** itemsize, n, dtype=element) for n in (0, 1, 7, 8, 9, 1000)]
+    for array in arrays:
+        assert ds._flags(memoryview(array.tobytes()), itemsize) == expected(array), array
+
+
+def test_the_findings_do_not_depend_on_the_thread_count(padded: Path) -> None:
+    poke(padded, GATE_UP_W, (2, H + 3, 9), b"\x7f")
+    poke(padded, DOWN_W, (3, 70, 70), b"\xf9")
+    poke(padded, "embed_tokens.weight", (100, 95), struct.pack("<H", 0x7FC0))
+    poke(padded, "layers.1.self_attn.k_proj.weight", (1, 1), struct.pack("<H", 0xFF80))
+    reports = []
+    for workers in (1, 2, 8):
+        report = preflight(padded, allow_custom_model=True)
+        stats = ds.deep_scan(report.view, report, workers=workers)
+        assert stats.workers == min(workers, len(report.view.headers))
+        reports.append([(f.code, f.file, f.key, f.message) for f in report.findings if f.code != "values.deep_scan_done"])
+    assert reports[0] == reports[1] == reports[2] and len(reports[0]) >= 4
+
+
+def test_a_set_cancel_flag_stops_the_scan_at_the_next_chunk(tiny_template: Path) -> None:
+    import threading
+
+    report = preflight(tiny_template, allow_custom_model=True)
+    target = next(t for t in ds.scan_targets(report.view) if t.fp8)
+    cancel = threading.Event()
+    chunks: list[int] = []
+
+    def progress(size: int) -> None:
+        chunks.append(size)
+        cancel.set()  # "Ctrl-C" after the first chunk
+
+    with open_regular(target.path, buffering=0) as handle, pytest.raises(ds.Cancelled):
+        ds.scan_tensor(target, handle, bytearray(64 * 1024), chunk_bytes=target.cols, progress=progress, cancel=cancel)
+    assert len(chunks) == 1 and target.nbytes > 10 * chunks[0]
+
+
+def test_ctrl_c_while_waiting_for_the_threads_stops_every_thread(tiny_template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KeyboardInterrupt in the waiting thread sets the cancel flag: the workers stop at their
+    next chunk instead of finishing their shards, and the interrupt propagates."""
+    report = preflight(tiny_template, allow_custom_model=True)
+    total = sum(t.nbytes for t in ds.scan_targets(report.view))
+    from nxdi_gptoss_fp8 import hashing
+
+    real_wait, done = hashing.wait, []
+
+    def interrupted_wait(*args: Any, **kwargs: Any) -> Any:
+        if done:
+            raise KeyboardInterrupt
+        done.append(1)
+        return real_wait(*args, **{**kwargs, "timeout": 0.01})
+
+    import time as time_module
+
+    scanned: list[int] = []
+
+    def slow_progress(size: int) -> None:  # a slow disk: each chunk takes 20 ms
+        scanned.append(size)
+        time_module.sleep(0.02)
+
+    monkeypatch.setattr(hashing, "wait", interrupted_wait)
+    monkeypatch.setattr(ds, "Progress", lambda *a, **k: type("P", (), {"update": staticmethod(slow_progress),
+                                                                      "close": lambda self: None})())
+    started = time_module.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        ds.deep_scan(report.view, report, chunk_bytes=256, workers=2)
+    assert time_module.perf_counter() - started < 1.0
+    assert sum(scanned) < total / 4

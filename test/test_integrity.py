@@ -115,3 +115,94 @@ def test_malformed_digest_field_is_an_index_error_not_missing(tiny_checkpoint: P
 def test_digests_recorded_by_the_writer_are_what_is_verified(tiny_template: Path) -> None:
     recorded = read_json(tiny_template / fmt.INDEX_FILE)["metadata"]["shard_sha256"]
     assert recorded == {s: hashlib.sha256((tiny_template / s).read_bytes()).hexdigest() for s in shards(tiny_template)}
+
+
+def test_a_set_cancel_flag_stops_hashing_after_the_current_chunk(tmp_path: Path) -> None:
+    import threading
+
+    from nxdi_gptoss_fp8.hashing import Cancelled, sha256_file
+
+    path = tmp_path / "big.bin"
+    path.write_bytes(bytes(64 * 1024))
+    cancel, chunks = threading.Event(), []
+
+    def progress(count: int) -> None:
+        chunks.append(count)
+        cancel.set()
+
+    with pytest.raises(Cancelled):
+        sha256_file(str(path), chunk=1024, progress=progress, cancel=cancel)
+    assert chunks == [1024]
+
+
+def test_ctrl_c_while_waiting_stops_every_hashing_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KeyboardInterrupt in the waiting thread: the workers stop at their next chunk (not at
+    the end of their file) and the interrupt propagates."""
+    import time
+
+    from nxdi_gptoss_fp8 import hashing
+
+    paths = {}
+    for name in ("a", "b", "c"):
+        (tmp_path / name).write_bytes(bytes(256 * 1024))
+        paths[name] = str(tmp_path / name)
+    real_wait, calls, hashed = hashing.wait, [], []
+
+    def interrupted_wait(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return real_wait(*args, **{**kwargs, "timeout": 0.01})
+
+    def slow_progress(count: int) -> None:  # a slow disk: 10 ms a chunk
+        hashed.append(count)
+        time.sleep(0.01)
+
+    monkeypatch.setattr(hashing, "wait", interrupted_wait)
+    started = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        hashing.hash_files(paths, workers=2, progress=slow_progress, chunk=1024)
+    assert time.perf_counter() - started < 1.0
+    assert sum(hashed) < 3 * 256 * 1024 / 4
+
+
+def _bytes_read(pid: int) -> int:
+    """Bytes process ``pid`` has read so far (Linux /proc), 0 before it is visible."""
+    try:
+        with open(f"/proc/{pid}/io") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("rchar:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="watches the child's reads in /proc")
+def test_sigint_during_verify_checksums_stops_promptly(tmp_path: Path) -> None:
+    """A real Ctrl-C: ``validate --verify-checksums`` of a 32 GB (sparse) shard is interrupted
+    within a chunk's time, not after the shard is hashed to its end (seconds more)."""
+    import json
+    import signal
+    import struct
+    import subprocess
+    import sys
+    import time
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    size = 32 << 30
+    header = json.dumps({"x": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}).encode()
+    with open(ckpt / "a.safetensors", "wb") as handle:
+        handle.write(struct.pack("<Q", len(header)) + header)
+        handle.truncate(8 + len(header) + size)  # a hole: reads as zeros, costs no disk
+    (ckpt / fmt.INDEX_FILE).write_text(json.dumps({
+        "metadata": {"shard_sha256": {"a.safetensors": "0" * 64}}, "weight_map": {"x": "a.safetensors"}}))
+    child = subprocess.Popen([sys.executable, "-m", "nxdi_gptoss_fp8.cli", "validate", str(ckpt), "--verify-checksums"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while _bytes_read(child.pid) < 64 << 20:  # imports, preflight, then the hashing has begun
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.02)
+    interrupted = time.perf_counter()
+    child.send_signal(signal.SIGINT)
+    _, stderr = child.communicate(timeout=30)
+    assert time.perf_counter() - interrupted < 1.5, "hashing went on after Ctrl-C"
+    assert child.returncode == 130 and "interrupted" in stderr
