@@ -9,6 +9,7 @@ the converter all derive what they expect from here. Stdlib only.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -345,7 +346,16 @@ def layer_specs(layout: Layout, layer: int) -> list[TensorSpec]:
 
 
 def expected_namespace(layout: Layout) -> dict[str, TensorSpec]:
-    """Every tensor of a valid checkpoint with this layout, keyed by name (global first)."""
+    """Every tensor of a valid checkpoint with this layout, keyed by name (global first).
+
+    A fresh dict each call (the caller may change it) of the specs derived once per layout."""
+    return dict(_namespace_of(layout))
+
+
+@functools.lru_cache(maxsize=8)
+def _namespace_of(layout: Layout) -> dict[str, TensorSpec]:
+    """``expected_namespace`` derived once per layout (a hashable frozen dataclass; the specs
+    are frozen too): never modified, only copied."""
     specs = global_specs(layout)
     for layer in range(layout.dims.num_hidden_layers):
         specs.extend(layer_specs(layout, layer))

@@ -272,8 +272,9 @@ def _parse_common(text: str, data_size: int) -> tuple[dict[str, TensorInfo], dic
     spans = list(chain.from_iterable(sorted(offsets)))
     if spans[0] != 0 or spans[-1] != data_size or spans[1:-1:2] != spans[2::2]:
         return None
-    tensors = dict(zip(names, map(TensorInfo, names, dtypes, map(tuple, shapes), begins, ends), strict=True))
-    return tensors, metadata
+    # tuple.__new__ builds each TensorInfo in C (the named tuple's own __new__ is a Python call)
+    infos = map(tuple.__new__, repeat(TensorInfo), zip(names, dtypes, map(tuple, shapes), begins, ends, strict=True))
+    return dict(zip(names, infos, strict=True)), metadata
 
 
 def _is_int(value: Any) -> bool:

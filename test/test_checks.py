@@ -499,6 +499,26 @@ def test_scale_stats_matches_the_per_value_definition(bits: list[int]) -> None:
     assert (stats.bad, stats.negative, stats.zero, stats.non_finite, stats.subnormal, stats.first_bad) == _reference_stats(bits)
 
 
+_ORDINARY_BITS = st.integers(0x0100_0000, 0x7EFF_FFFF)  # positive, normal, finite: top byte 0x01 … 0x7E
+
+
+@given(st.lists(st.sampled_from(_SPECIAL_BITS) | st.integers(0, 2**32 - 1), max_size=40)
+       | st.tuples(st.lists(_ORDINARY_BITS, min_size=1, max_size=200), st.lists(st.sampled_from(_SPECIAL_BITS) | st.integers(0, 2**32 - 1), max_size=3),
+                   st.randoms()).map(lambda t: t[2].sample(t[0] + t[1], len(t[0]) + len(t[1]))),
+       st.binary(max_size=3), st.booleans())
+def test_scale_stats_with_numpy_matches_the_stdlib_path(bits: list[int], tail: bytes, as_bytearray: bool) -> None:
+    """The numpy path (a min and a max over 32-bit words) decides exactly as the stdlib path and
+    the per-value definition, whatever float32 patterns (normal, subnormal, ±0, negative, NaN,
+    inf) sit at whatever positions; a trailing partial value is ignored by both."""
+    import numpy
+
+    raw = struct.pack(f"<{len(bits)}I", *bits) + tail
+    raw = bytearray(raw) if as_bytearray else raw
+    with_numpy, stdlib = scale_stats(raw, numpy=numpy), scale_stats(raw)
+    assert with_numpy == stdlib
+    assert (stdlib.bad, stdlib.negative, stdlib.zero, stdlib.non_finite, stdlib.subnormal, stdlib.first_bad) == _reference_stats(bits)
+
+
 def test_preflight_never_writes(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/format.md, Bounds and trust: nothing is opened for writing, nothing in the directory changes."""
     import builtins

@@ -72,6 +72,27 @@ def test_bases_are_valid(bases: Bases, base: str) -> None:
     assert not report.warnings
 
 
+SCALE_CASES = [entry.name for entry in ERROR_CASES if entry.code == "values.bad_scale"]
+
+
+@pytest.mark.parametrize("name", SCALE_CASES)
+def test_scale_values_are_judged_alike_with_and_without_numpy(
+        built: Callable[[str], tuple[Path, Options]], name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scale check's numpy path (numpy already loaded, as in NxDI's process) and its stdlib
+    path report the same findings, to the message."""
+    import numpy
+
+    from nxdi_gptoss_fp8 import checks
+
+    path, options = built(name)
+    reports = {}
+    for label, module in (("numpy", numpy), ("stdlib", None)):
+        monkeypatch.setattr(checks, "loaded_numpy", lambda module=module: module)
+        reports[label] = [(f.check, f.code, f.severity, f.file, f.key, f.message) for f in preflight(path, **options).findings]
+    assert reports["numpy"] == reports["stdlib"]
+    assert CODES[name] in {code for _, code, *_ in reports["stdlib"]}
+
+
 @pytest.mark.parametrize(("name", "check"), PARAMS, ids=IDS)
 def test_preflight_reports_the_expected_check(built: Callable[[str], tuple[Path, Options]], name: str, check: str) -> None:
     path, options = built(name)
