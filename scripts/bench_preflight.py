@@ -59,7 +59,10 @@ def _case(case: str, path: str) -> Callable[[], int]:
     if case.startswith("ours"):
         import numpy
 
-        from nxdi_gptoss_fp8 import checks, preflight
+        from nxdi_gptoss_fp8 import preflight
+
+        # isort: split
+        from nxdi_gptoss_fp8 import checks
 
         def once() -> int:
             # the scale path: numpy if the process has it loaded (this one has), else stdlib
