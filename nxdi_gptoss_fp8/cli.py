@@ -205,13 +205,14 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from .hub import companion_files
 
     max_shard_size = _size(args.max_shard_size)
+    workers = _workers(args.workers)
     source = _resolve(args.src, args.revision)
     try:
         report = convert(
             source.path, args.out, padded_hidden_size=args.padded_hidden_size,
             padded_intermediate_size=args.padded_intermediate_size, max_shard_size=max_shard_size,
             overwrite=args.overwrite, progress=True, provenance=source.provenance(),
-            extra_files=companion_files(source.path), gate_up_split=args.ct_gate_up_split,
+            extra_files=companion_files(source.path), gate_up_split=args.ct_gate_up_split, workers=workers,
         )
     except ConversionError as exc:  # a source or output we cannot use: unreadable input
         raise UsageError(str(exc)) from None
@@ -225,9 +226,11 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
     from .errors import ConversionError
     from .verify import verify_conversion
 
+    workers = _workers(args.workers)
     source = _resolve(args.source, args.revision, recorded_in=args.out)
     try:
-        report = verify_conversion(args.out, source.path, progress=True, gate_up_split=args.ct_gate_up_split)
+        report = verify_conversion(args.out, source.path, progress=True, gate_up_split=args.ct_gate_up_split,
+                                   workers=workers)
     except ConversionError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
@@ -273,6 +276,25 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _workers(value: int | None) -> int | None:
+    """``--workers`` checked (a usage error, exit 2, outside 1…MAX_WORKERS)."""
+    from .convert.workers import check_workers
+
+    try:
+        return None if value is None else check_workers(value)
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
+
+
+def _add_workers_option(command: argparse.ArgumentParser, what: str) -> None:
+    """``--workers N`` of convert and verify-conversion (``convert.workers``)."""
+    command.add_argument("--workers", type=int, metavar="N",
+                         help=f"experts {what} at once, layers spread over up to one process each (default: the "
+                              "CPUs this process may use, after its affinity and cgroup quota; one process for "
+                              "models under 1 GB); fewer, with a warning, when the available memory cannot hold "
+                              "them. The result does not depend on N")
 
 
 def _add_split_option(command: argparse.ArgumentParser) -> None:
@@ -416,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--revision", metavar="R", help="Hub branch, tag or commit of a repo-id SRC (default main)")
     _add_output_options(convert, max_shard_size="5GB")
     _add_split_option(convert)
+    _add_workers_option(convert, "encoded")
     convert.add_argument("--json", action="store_true", help="print the conversion report as JSON")
     convert.set_defaults(handler=_cmd_convert)
 
@@ -431,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify_conversion.add_argument("--revision", metavar="R", help="Hub revision of a repo-id SRC (default: the commit "
                                                                  "OUT records, else main)")
     _add_split_option(verify_conversion)
+    _add_workers_option(verify_conversion, "compared")
     verify_conversion.add_argument("--json", action="store_true", help="print the report as JSON")
     verify_conversion.set_defaults(handler=_cmd_verify_conversion)
 

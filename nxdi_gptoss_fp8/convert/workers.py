@@ -48,6 +48,9 @@ COPY_BYTES = 64 << 20
 LANE_EXPERT_COPIES = 3  # output buffers of both shapes plus the source expert in flight, per lane
 DENSE_BYTES_PER_VALUE = 28  # BF16 sources: one expert in float32 with its error and mask (no lanes)
 POLL_SECONDS = 0.2
+# By default, models smaller than this are converted in one process: a worker's start (an
+# interpreter importing torch, ≈ 1.4 s here) costs more than the whole conversion.
+MIN_PARALLEL_BYTES = 1 << 30
 
 _PROC = "/proc"
 _CGROUP = "/sys/fs/cgroup"
@@ -186,14 +189,18 @@ def plan_workers(requested: int | None, layout: fmt.Layout, kind: str, *,
                  cpus: tuple[int, str] | None = None,
                  memory: tuple[int | None, str] | None = None) -> WorkerPlan:
     """The plan for ``requested`` workers (None: the CPUs the host offers): at most one process
-    per layer and ``MAX_LANES`` lanes per process, no more than the available memory holds (``cpus`` and ``memory``
-    default to ``host_cpus()`` and ``available_memory()``). Raises ``ValueError`` for a bad count."""
+    per layer and ``MAX_LANES`` lanes per process, no more than the available memory holds,
+    and one process for a model smaller than ``MIN_PARALLEL_BYTES`` unless ``requested``
+    (``cpus`` and ``memory`` default to ``host_cpus()`` and ``available_memory()``). Raises
+    ``ValueError`` for a bad count."""
     cpus = cpus or host_cpus()
     if requested is None:
         workers, source = min(cpus[0], MAX_WORKERS), cpus[1]
     else:
         workers, source = check_workers(requested), "asked for"
     processes = min(workers, max(1, layout.dims.num_hidden_layers))
+    if requested is None and fmt.expected_total_size(layout) < MIN_PARALLEL_BYTES:
+        processes = 1  # a small model: starting workers would take longer than converting it here
 
     def lanes_for(count: int) -> int:
         return min(MAX_LANES, max(1, workers // count))
@@ -204,10 +211,10 @@ def plan_workers(requested: int | None, layout: fmt.Layout, kind: str, *,
     lanes = lanes_for(processes)
     available, where = memory or available_memory()
     note = None
-    if available is not None:
-        fits, fit_lanes = processes, lanes
-        while (fits > 1 or fit_lanes > 1) and needs(fits, fit_lanes) > available:
-            fits, fit_lanes = (fits - 1, lanes_for(fits - 1)) if fits > 1 else (1, fit_lanes - 1)
+    if available is not None and needs(processes, lanes) > available:
+        # as many processes as fit with one lane each (they scale best), then as many lanes as fit
+        fits = next((count for count in range(processes, 0, -1) if needs(count, 1) <= available), 1)
+        fit_lanes = next((n for n in range(lanes_for(fits), 0, -1) if needs(fits, n) <= available), 1)
         if (fits, fit_lanes) != (processes, lanes):
             note = (f"{plural(workers, 'worker')} ({source}) run as {plural(fits, 'process', 'processes')} × "
                     f"{plural(fit_lanes, 'lane')} to fit in memory: ≈ "
