@@ -33,7 +33,7 @@ from .output import (
     single_threaded_torch,
 )
 from .source import Source, SourceKind, SourceReader, SourceSpec, check_tensors, non_expert_names, read_source_files
-from .workers import ConversionWorkers, peak_rss, plan_workers
+from .workers import ConversionWorkers, lane_buffers, peak_rss, plan_workers
 
 logger = logging.getLogger(__name__)
 KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (HfMxfp4(), HfBf16(), CompressedTensorsFp8())}
@@ -186,7 +186,7 @@ def convert(
         max_workers=plan.lanes, thread_name_prefix="convert-encode"
     ) as compute, single_threaded_torch():
         # the pools exit before the writer: no write is still running when it closes its files
-        workspace = Workspace(compute, lanes=plan.lanes)
+        workspace = Workspace(compute, lanes=lane_buffers(plan.lanes))
         output = Output(writer, bar, pool)
 
         def copy_globals() -> None:

@@ -157,13 +157,20 @@ def available_memory() -> tuple[int | None, str]:
 # --------------------------------------------------------------------------- the plan
 
 
+def lane_buffers(lanes: int) -> int:
+    """Output buffers for ``lanes`` compute threads: one more, so that a full buffer is written
+    while the next expert is encoded (with one buffer per thread, a lone thread would wait for
+    every write)."""
+    return lanes + 1
+
+
 def process_bytes(layout: fmt.Layout, kind: str, lanes: int) -> int:
     """Estimated peak RSS of one process converting or verifying layers of ``layout`` from a
     ``kind`` source with ``lanes`` compute lanes (the largest expert dominates)."""
     hp, ip = layout.padded_hidden_size, layout.padded_intermediate_size
     expert = hp * 2 * ip  # gate_up [H', 2I'] FP8 values, the largest expert tensor
     # BF16 sources are encoded in the calling thread, one expert at a time, in float32
-    work = DENSE_BYTES_PER_VALUE * expert if kind == "hf-bf16" else lanes * LANE_EXPERT_COPIES * expert
+    work = DENSE_BYTES_PER_VALUE * expert if kind == "hf-bf16" else lane_buffers(lanes) * LANE_EXPERT_COPIES * expert
     return PROCESS_BYTES + COPY_BYTES + work
 
 
@@ -392,7 +399,7 @@ def _convert_layer(layer: int) -> LayerOutcome:
     if "shards" not in _WORKER:
         compute = ThreadPoolExecutor(job.lanes, thread_name_prefix="convert-encode")
         _WORKER.update(write=ThreadPoolExecutor(1, thread_name_prefix="convert-write"),
-                       workspace=Workspace(compute, lanes=job.lanes), shards=ShardFiles(job.tmp, job.planned))
+                       workspace=Workspace(compute, lanes=lane_buffers(job.lanes)), shards=ShardFiles(job.tmp, job.planned))
     shards: ShardFiles = _WORKER["shards"]
     shards.written = {}
     output = Output(shards, SharedProgress(job.progress), _WORKER["write"])  # type: ignore[arg-type]
