@@ -512,8 +512,8 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     ``gate_up_split`` (compressed-tensors sources whose files cannot tell it) defaults to the
     split the converter recorded in ``out``. ``workers``: experts compared at once, layers in
     parallel processes as ``convert`` spreads them (None: the CPUs the host offers, bounded by
-    memory); the report is the same whatever the count. Returns a ``VerificationReport`` (``report.ok`` is
-    the verdict, ``render_text()`` the per-layer table). Raises ``ConversionError`` when
+    memory); the report is the same whatever the count. Returns a ``VerificationReport``
+    (``report.ok`` is the verdict, ``render_text()`` the per-layer table). Raises ``ConversionError`` when
     ``source`` is not a supported GPT-OSS checkpoint. Reads both checkpoints fully, one
     expert per lane at a time. Example::
 

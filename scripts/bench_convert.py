@@ -329,12 +329,24 @@ def child_baseline(src: str, rows_per_chunk: int) -> dict:
             "label": label}
 
 
+def _machine_busy_seconds() -> float:
+    """CPU seconds every process of the machine has used (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as handle:
+        fields = [int(value) for value in handle.readline().split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _run_child(args: list[str]) -> dict[str, Any]:
+    busy, started = _machine_busy_seconds(), time.perf_counter()
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], capture_output=True,
                           text=True, check=False)
+    busy, wall = _machine_busy_seconds() - busy, time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"child {args[0]} failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if "cpu_seconds" in result:  # the CPUs other jobs kept busy meanwhile (the machine may be shared)
+        result["others_cpus"] = max(0.0, busy - result["cpu_seconds"]) / wall
+    return result
 
 
 def _warm(path: str) -> None:
@@ -394,14 +406,14 @@ def bench_workers(src: str, workdir: str, tmpfs: str, counts: list[int], repeat:
         first = _best(converted[cases[0][0]])
         print(f"\ncpu-bound: output on tmpfs ({tmpfs}), hf-mxfp4 source page-cached; MB/s of FP8 written, whole "
               "convert() call (read, encode, write, fsync, hash, rename); (stream) the speed-up before the "
-              "shards are hashed; CPU s of all processes")
+              "shards are hashed; CPU s of this run's processes; others: CPUs other jobs kept busy meanwhile")
         print(f"{'case':<32} | {'convert s':>9} {'MB/s FP8':>8} {'vs first':>8} {'(stream)':>8} {'CPU s':>6} "
-              f"{'main RSS':>8} {'worker RSS':>10} | runs")
+              f"{'others':>6} {'main RSS':>8} {'worker RSS':>10} | runs")
         for label, _ in cases:
             best = _best(converted[label])
             print(f"{label:<32} | {best['seconds']:>9.1f} {best['fp8_bytes'] / best['seconds'] / 1e6:>8.0f} "
                   f"{first['seconds'] / best['seconds']:>7.2f}x {first['stream_seconds'] / best['stream_seconds']:>7.2f}x "
-                  f"{best['cpu_seconds']:>6.1f} "
+                  f"{best['cpu_seconds']:>6.1f} {best['others_cpus']:>6.2f} "
                   f"{best['peak_rss_mb']:>6.0f}MB {best['worker_peak_rss_mb']:>8.0f}MB | "
                   f"[{_times(converted[label])}] {best['plan']}")
         one = _best(verified[counts[0]])
@@ -409,7 +421,7 @@ def bench_workers(src: str, workdir: str, tmpfs: str, counts: list[int], repeat:
             best = _best(verified[n])
             print(f"{'verify-conversion, ' + str(n) + ' workers':<32} | {best['seconds']:>9.1f} "
                   f"{first['fp8_bytes'] / best['seconds'] / 1e6:>8.0f} {one['seconds'] / best['seconds']:>7.2f}x {'':>8} "
-                  f"{best['cpu_seconds']:>6.1f} {best['peak_rss_mb']:>6.0f}MB {best['worker_peak_rss_mb']:>8.0f}MB | "
+                  f"{best['cpu_seconds']:>6.1f} {best['others_cpus']:>6.2f} {best['peak_rss_mb']:>6.0f}MB {best['worker_peak_rss_mb']:>8.0f}MB | "
                   f"[{_times(verified[n])}] ok={best['ok']}")
         on_disk: list[dict] = []
         dd: list[float] = []
@@ -422,7 +434,8 @@ def bench_workers(src: str, workdir: str, tmpfs: str, counts: list[int], repeat:
         size = best["bytes"]
         print(f"\ndisk-bound: output on the disk of {workdir}, {size / 1e9:.2f} GB (the whole checkpoint)")
         print(f"{'convert, ' + str(most) + ' workers':<32} | {best['seconds']:>9.1f} {size / best['seconds'] / 1e6:>8.0f} "
-              f"MB/s {size / best['seconds'] / (size / dd_best):>6.0%} of dd | [{_times(on_disk)}]")
+              f"MB/s {size / best['seconds'] / (size / dd_best):>6.0%} of dd | [{_times(on_disk)}] "
+              f"others {best['others_cpus']:.2f} CPUs")
         print(f"{'dd bs=16M conv=fsync':<32} | {dd_best:>9.1f} {size / dd_best / 1e6:>8.0f} MB/s "
               f"{'':>11} | [{'/'.join(f'{t:.1f}' for t in dd)}]")
         print(f"{_load()}")
