@@ -44,7 +44,7 @@ from .convert import (
 )
 from .convert.output import single_threaded_torch
 from .convert.source import ExpertRows, read_json
-from .convert.workers import LayerPool, peak_rss, plan_workers
+from .convert.workers import LayerPool, peak_rss, plan_workers, refuse_in_worker_start
 from .errors import ConversionError
 from .quant import FP8_DTYPE, fp8_values
 
@@ -520,6 +520,7 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
         report = verify_conversion("gpt-oss-120b-fp8", "gpt-oss-120b")
         print(report.render_text())
     """
+    refuse_in_worker_start()
     out_path = os.path.abspath(os.fspath(out))
     recorded = _recorded_source(out_path)
     if gate_up_split is None and recorded.get("format") == SOURCE_COMPRESSED_TENSORS:

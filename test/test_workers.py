@@ -292,3 +292,19 @@ def test_library_refuses_a_bad_worker_count(sources: dict[str, Path], tmp_path: 
     with pytest.raises(ConversionError, match="workers must be"):
         convert(sources[SOURCE_MXFP4], tmp_path / "out", progress=False, workers=0)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_script_without_a_main_guard_is_told_and_leaves_nothing(sources: dict[str, Path], tmp_path: Path) -> None:
+    """Spawned workers re-import the main script: an unguarded convert() call must stop there
+    before it writes anything, and the run must say what to do."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"from nxdi_gptoss_fp8.convert import convert\n"
+                      f"convert({str(sources[SOURCE_MXFP4])!r}, {str(tmp_path / 'run' / 'out')!r}, progress=False, "
+                      "workers=2)\n")
+    (tmp_path / "run").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 1
+    assert 'under `if __name__ == "__main__":`' in done.stderr.splitlines()[-1]
+    assert list((tmp_path / "run").iterdir()) == []

@@ -33,7 +33,7 @@ from .output import (
     single_threaded_torch,
 )
 from .source import Source, SourceKind, SourceReader, SourceSpec, check_tensors, non_expert_names, read_source_files
-from .workers import ConversionWorkers, lane_buffers, peak_rss, plan_workers
+from .workers import ConversionWorkers, lane_buffers, peak_rss, plan_workers, refuse_in_worker_start
 
 logger = logging.getLogger(__name__)
 KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (HfMxfp4(), HfBf16(), CompressedTensorsFp8())}
@@ -151,6 +151,7 @@ def convert(
             report = convert("gpt-oss-120b", "gpt-oss-120b-fp8")
             print(report.render_text())
     """
+    refuse_in_worker_start()
     started = time.perf_counter()
     source = open_source(src, gate_up_split=gate_up_split)
     kind = source_kind(source)

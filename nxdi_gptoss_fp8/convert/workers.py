@@ -235,6 +235,15 @@ def plan_workers(requested: int | None, layout: fmt.Layout, kind: str, *,
 # --------------------------------------------------------------------------- worker processes
 
 
+def refuse_in_worker_start() -> None:
+    """Raise ``ConversionError`` when called while a worker process starts: a script that calls
+    ``convert`` at module level, outside ``if __name__ == "__main__":``, runs that call again
+    in every spawned worker, which must stop before it writes anything."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise ConversionError("called while a worker process starts: put the call under "
+                              "`if __name__ == \"__main__\":` (worker processes re-import the main script)")
+
+
 def peak_rss() -> int:
     """This process's peak RSS in bytes (Linux reports kB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -302,8 +311,9 @@ class LayerPool:
                     future.result()
                 except BrokenProcessPool:
                     raise ConversionError(
-                        "a worker process ended abruptly (killed, or out of memory: try fewer --workers); "
-                        "nothing was written") from None
+                        "a worker process ended abruptly (killed; out of memory: try fewer workers; or, from a "
+                        "Python script, a call not under `if __name__ == \"__main__\":`, which the spawned "
+                        "workers re-import); nothing was written") from None
             poll(len(futures) - len(pending))
         return [future.result() for future in futures]
 
