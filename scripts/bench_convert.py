@@ -34,8 +34,9 @@ the hf-mxfp4 source of the largest ``--layers`` count (2–4 layers: one or more
 case ``--repeat`` times in a fresh process:
 
   cpu-bound   output on tmpfs (``--tmpfs``, default /dev/shm): convert and verify-conversion
-              with each N, and the single-process alternative (N lanes as threads in one
-              process, the 0.2.0 pipeline); goal: 2 workers ≥ 1.7× one
+              with each N, and the largest N spread the other way (N < 4: N processes of one
+              lane instead of N threads in this process; N ≥ 4: N threads in one process
+              instead of processes); goal: 2 workers ≥ 1.7× one
   disk-bound  output on the work directory's disk, the largest N, against
               ``dd if=/dev/zero of=OUT/f bs=16M count=… conv=fsync`` writing as many bytes to
               the same directory; goal ≥ 90 % of dd's rate
@@ -225,15 +226,16 @@ def _vm_hwm_mb() -> float:
     return float("nan")
 
 
-def child_convert(src: str, out: str, workers: str = "", threads: str = "") -> dict:
+def child_convert(src: str, out: str, workers: str = "", forced: str = "") -> dict:
     from nxdi_gptoss_fp8.checks import preflight
     from nxdi_gptoss_fp8.convert import convert, pipeline
     from nxdi_gptoss_fp8.convert.workers import WorkerPlan
     from nxdi_gptoss_fp8.writer import CheckpointWriter
 
-    if threads:  # the single-process alternative: every lane a thread of this process
-        lanes = int(threads)
-        pipeline.plan_workers = lambda *args, **kwargs: WorkerPlan(lanes, 1, lanes, 0)  # type: ignore[assignment]
+    if forced:  # "PROCESSES,LANES": the alternative to the default plan for as many workers
+        processes, lanes = (int(part) for part in forced.split(","))
+        plan = WorkerPlan(processes * lanes, processes, lanes, 0)
+        pipeline.plan_workers = lambda *args, **kwargs: plan  # type: ignore[assignment]
 
     streaming_peak: list[float] = []
     streamed: list[float] = []
@@ -388,8 +390,11 @@ def bench_workers(src: str, workdir: str, tmpfs: str, counts: list[int], repeat:
     print(f"workers: {counts}, {repeat} run(s) each, best shown (all runs in brackets); {_load()}")
     cases: list[tuple[str, list[str]]] = [(f"{n} worker{'s' if n > 1 else ''}", [str(n), ""]) for n in counts]
     most = max(counts)
-    if most > 1:
-        cases.append((f"1 process, {most} threads", ["", str(most)]))
+    if most > 1:  # the other way to spread as many workers: one process per lane, or all lanes in one
+        other = "1,{0}" if most >= 4 else "{0},1"
+        processes, lanes = other.format(most).split(",")
+        label = f"{processes} process{'es' if processes != '1' else ''} × {lanes} lane{'s' if lanes != '1' else ''}"
+        cases.append((f"{most} workers as {label}", ["", other.format(most)]))
     try:
         out = os.path.join(fast_out, "out")
         converted: dict[str, list[dict]] = {}

@@ -52,10 +52,12 @@ def test_a_bad_worker_count_is_refused(value: object) -> None:
 
 
 @pytest.mark.parametrize("requested, cpus, processes, lanes", [
-    (None, 8, 8, 1),     # what the host offers
+    (None, 8, 4, 2),     # what the host offers, two lanes per process
     (None, 1, 1, 1),
-    (3, 8, 3, 1),        # asked for
-    (64, 2, 36, 1),      # at most one process per layer (36 layers) ...
+    (2, 8, 1, 2),        # asked for: up to 3 as threads in this process ...
+    (3, 8, 1, 3),
+    (5, 8, 2, 2),        # ... then processes
+    (96, 2, 36, 2),      # at most one process per layer (36 layers) ...
     (400, 2, 36, 8),     # ... and at most MAX_LANES lanes each
     (1, 8, 1, 1),
 ])
@@ -81,7 +83,7 @@ def test_the_plan_is_bounded_by_memory_and_says_why() -> None:
 def test_a_small_model_stays_in_one_process_unless_asked() -> None:
     tiny = fmt.Layout.unpadded(SOURCE_DIMS)
     assert plan_workers(None, tiny, SOURCE_MXFP4, cpus=(8, "x"), memory=(1 << 40, "x")).processes == 1
-    assert plan_workers(2, tiny, SOURCE_MXFP4, cpus=(8, "x"), memory=(1 << 40, "x")).processes == 2
+    assert plan_workers(4, tiny, SOURCE_MXFP4, cpus=(8, "x"), memory=(1 << 40, "x")).processes == 2
 
 
 def _fake_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, files: dict[str, str]) -> None:
@@ -137,7 +139,7 @@ def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup(monkeypatch: 
 @pytest.mark.parametrize("kind", [SOURCE_MXFP4, SOURCE_BF16, SOURCE_COMPRESSED_TENSORS])
 def test_two_workers_write_the_same_bytes_as_one(sources: dict[str, Path], tmp_path: Path, kind: str) -> None:
     one = convert(sources[kind], tmp_path / "one", max_shard_size="40KB", progress=False, workers=1)
-    two = convert(sources[kind], tmp_path / "two", max_shard_size="40KB", progress=False, workers=2)
+    two = convert(sources[kind], tmp_path / "two", max_shard_size="40KB", progress=False, workers=4)
     assert "2 processes" in two.workers and "in this process" in one.workers
     assert two.peak_rss_per_process > 0
     digests = tree_digest(tmp_path / "one")
@@ -160,12 +162,12 @@ def _poke(out: Path, name: str, data: bytes, at: int) -> None:
 def test_two_workers_give_the_same_verdict_as_one(sources: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
     convert(sources[SOURCE_BF16], out, progress=False, workers=1)
-    clean = [verify_conversion(out, sources[SOURCE_BF16], workers=count).to_dict() for count in (1, 2)]
+    clean = [verify_conversion(out, sources[SOURCE_BF16], workers=count).to_dict() for count in (1, 4)]
     assert clean[0] == clean[1] and clean[0]["ok"]
     for layer in (0, 3, 2):
         _poke(out, f"layers.{layer}.{fmt.DOWN}.weight", b"\x7f", 17 + layer)  # NaN
         _poke(out, f"layers.{layer}.self_attn.learned_sinks.sink", b"\x01", 0)
-    broken = [verify_conversion(out, sources[SOURCE_BF16], workers=count) for count in (1, 2)]
+    broken = [verify_conversion(out, sources[SOURCE_BF16], workers=count) for count in (1, 4)]
     assert broken[0].to_dict() == broken[1].to_dict()
     assert not broken[1].ok and len(broken[1].problems) == 6
     assert [row.layer for row in broken[1].rows] == ["global", "0", "1", "2", "3"]
@@ -205,7 +207,7 @@ def _faulty_run(tmp_path: Path, source: Path, fault: str) -> subprocess.Popen[st
     env = {**os.environ, "FAULT": fault,
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, str(script), "convert", str(source), str(tmp_path / "run" / "out"),
-                             "--workers", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--workers", "4"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 
 
@@ -281,10 +283,10 @@ def test_cli_refuses_a_bad_worker_count(sources: dict[str, Path], tmp_path: Path
 def test_cli_convert_and_verify_with_workers(sources: dict[str, Path], tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "out")
-    assert main(["convert", str(sources[SOURCE_MXFP4]), out, "--workers", "2"]) == 0
+    assert main(["convert", str(sources[SOURCE_MXFP4]), out, "--workers", "4"]) == 0
     shown = capsys.readouterr().out
-    assert "2 workers (2 processes × 1 lane" in shown and "measured peak RSS per process" in shown
-    assert main(["verify-conversion", out, "--source", str(sources[SOURCE_MXFP4]), "--workers", "2"]) == 0
+    assert "4 workers (2 processes × 2 lanes" in shown and "measured peak RSS per process" in shown
+    assert main(["verify-conversion", out, "--source", str(sources[SOURCE_MXFP4]), "--workers", "4"]) == 0
     assert "OK: every value within its bound" in capsys.readouterr().out
 
 
@@ -300,7 +302,7 @@ def test_a_script_without_a_main_guard_is_told_and_leaves_nothing(sources: dict[
     script = tmp_path / "unguarded.py"
     script.write_text(f"from nxdi_gptoss_fp8.convert import convert\n"
                       f"convert({str(sources[SOURCE_MXFP4])!r}, {str(tmp_path / 'run' / 'out')!r}, progress=False, "
-                      "workers=2)\n")
+                      "workers=4)\n")
     (tmp_path / "run").mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120,

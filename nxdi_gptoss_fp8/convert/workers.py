@@ -1,13 +1,15 @@
 """Layers in parallel: how many workers a host offers, and the worker processes that convert
 (or verify) one layer at a time each.
 
-``--workers N`` is how many experts are encoded (or compared) at once. They run as
-``min(N, layers)`` processes, fewer when memory is short, each taking one layer at a time
-with ``N // processes`` compute lanes (one process: everything in this one, no worker
-started). Processes rather than more threads in one process: each has its own GIL, its own
-source reader (whose releases unmap pages only it uses) and its own write thread, so nothing
-is shared but the page cache; they are spawned (a fresh interpreter each: no forked locks or
-OpenMP state) once per run. ``scripts/bench_convert.py --workers 1 2`` measures both.
+``--workers N`` is how many experts are encoded (or compared) at once: ``N`` lanes (threads)
+in this process for N < 4, else ``min(⌊N/2⌋, layers)`` worker processes, fewer when memory
+is short, each taking one layer at a time with ``N // processes`` lanes (at most 8). Two
+threads in one process did as well as two processes on a 2-core machine (a process costs
+its start, ≈ 2 CPU-seconds of importing torch, and its own mappings); beyond that, processes
+scale where one process would not: each has its own GIL, its own source reader (whose
+releases unmap pages only it uses) and its own write thread, so nothing is shared but the
+page cache. They are spawned (a fresh interpreter each: no forked locks or OpenMP state)
+once per run. ``scripts/bench_convert.py --workers 1 2`` measures the alternatives.
 
 Every worker writes its tensors at the offsets the main process's ``CheckpointWriter``
 planned before any worker started, into the writer's hidden partial directory, and never
@@ -40,6 +42,10 @@ from ..writer import CheckpointWriter, PlannedTensor, as_bytes
 
 MAX_WORKERS = 1024
 MAX_LANES = 8  # per process: its one loader and one write thread feed them
+# Lanes a process takes before another process starts: two threads in one process matched or
+# beat two processes here (scripts/bench_convert.py --workers 1 2 4: a process costs ≈ 2 s of
+# CPU to start and its own mappings); more processes scale past one GIL, loader and writer.
+LANES_BEFORE_PROCESSES = 2
 # Peak RSS of one process, measured on gpt-oss-120b layers (scripts/bench_convert.py): the
 # interpreter with torch and this package (≈ 245 MB) plus allocator slack, the non-expert
 # copy's two chunks, and per lane its output buffers and in-flight source experts.
@@ -205,7 +211,7 @@ def plan_workers(requested: int | None, layout: fmt.Layout, kind: str, *,
         workers, source = min(cpus[0], MAX_WORKERS), cpus[1]
     else:
         workers, source = check_workers(requested), "asked for"
-    processes = min(workers, max(1, layout.dims.num_hidden_layers))
+    processes = min(max(1, workers // LANES_BEFORE_PROCESSES), max(1, layout.dims.num_hidden_layers))
     if requested is None and fmt.expected_total_size(layout) < MIN_PARALLEL_BYTES:
         processes = 1  # a small model: starting workers would take longer than converting it here
 
