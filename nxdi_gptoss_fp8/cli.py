@@ -291,10 +291,10 @@ def _workers(value: int | None) -> int | None:
 def _add_workers_option(command: argparse.ArgumentParser, what: str) -> None:
     """``--workers N`` of convert and verify-conversion (``convert.workers``)."""
     command.add_argument("--workers", type=int, metavar="N",
-                         help=f"experts {what} at once, layers spread over up to one process each (default: the "
-                              "CPUs this process may use, after its affinity and cgroup quota; one process for "
-                              "models under 1 GB); fewer, with a warning, when the available memory cannot hold "
-                              "them. The result does not depend on N")
+                         help=f"experts {what} at once: up to 3 as threads, from 4 on as N/2 worker processes "
+                              "taking whole layers (default: the CPUs this process may use, after its affinity and "
+                              "cgroup quota; one process for models under 1 GB); fewer, with a warning, when the "
+                              "available memory cannot hold them. The result does not depend on N")
 
 
 def _add_split_option(command: argparse.ArgumentParser) -> None:

@@ -201,8 +201,9 @@ class WorkerPlan:
 def plan_workers(requested: int | None, layout: fmt.Layout, kind: str, *,
                  cpus: tuple[int, str] | None = None,
                  memory: tuple[int | None, str] | None = None) -> WorkerPlan:
-    """The plan for ``requested`` workers (None: the CPUs the host offers): at most one process
-    per layer and ``MAX_LANES`` lanes per process, no more than the available memory holds,
+    """The plan for ``requested`` workers (None: the CPUs the host offers): one process per
+    ``LANES_BEFORE_PROCESSES`` lanes (fewer than twice that: all in this process), at most one
+    process per layer and ``MAX_LANES`` lanes per process, no more than the available memory holds,
     and one process for a model smaller than ``MIN_PARALLEL_BYTES`` unless ``requested``
     (``cpus`` and ``memory`` default to ``host_cpus()`` and ``available_memory()``). Raises
     ``ValueError`` for a bad count."""
@@ -225,7 +226,7 @@ def plan_workers(requested: int | None, layout: fmt.Layout, kind: str, *,
     available, where = memory or available_memory()
     note = None
     if available is not None and needs(processes, lanes) > available:
-        # as many processes as fit with one lane each (they scale best), then as many lanes as fit
+        # as many processes as fit with one lane each (a layer each), then as many lanes as fit
         fits = next((count for count in range(processes, 0, -1) if needs(count, 1) <= available), 1)
         fit_lanes = next((n for n in range(lanes_for(fits), 0, -1) if needs(fits, n) <= available), 1)
         if (fits, fit_lanes) != (processes, lanes):
