@@ -371,6 +371,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from .hub import companion_files
 
     max_shard_size = _size(args.max_shard_size, "--max-shard-size")
+    workers = _workers(args.workers)
     sizes = {"padded_hidden_size": args.padded_hidden_size, "padded_intermediate_size": args.padded_intermediate_size,
              "max_shard_size": max_shard_size}
     try:
@@ -382,7 +383,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                            "extra_files": companion_files(source.path), "gate_up_split": args.ct_gate_up_split}
                 planned = plan(source.path, args.out, **options)
                 _plan_or_refuse(args, planned)
-                report = convert(source.path, args.out, progress=True, **options)
+                report = convert(source.path, args.out, progress=True, workers=workers, **options)
             except ConversionError as exc:  # a source or output we cannot use: unreadable input
                 raise UsageError(str(exc)) from None
     except _PlanShown as shown:
@@ -401,12 +402,13 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
     from .errors import ConversionError
     from .verify import verify_conversion
 
+    workers = _workers(args.workers)
     try:
         with _signals_interrupt():
             source = _resolve(args.source, args.revision, recorded_in=args.out)
             try:  # arguments swapped, or a source that is not one: one line with the hint
                 report = verify_conversion(args.out, source.path, progress=True, gate_up_split=args.ct_gate_up_split,
-                                           given_source=args.source)
+                                           given_source=args.source, workers=workers)
             except ConversionError as exc:
                 raise UsageError(str(exc)) from None
     except _Terminated as exc:
@@ -476,6 +478,25 @@ def _padded_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number up to 2^31 (the model's size plus a multiple "
                                          f"of {fmt.PAD_MULTIPLE}), not {shown}")
     return int(stripped)
+
+
+def _workers(value: int | None) -> int | None:
+    """``--workers`` checked (a usage error, exit 2, outside 1…MAX_WORKERS)."""
+    from .convert.workers import check_workers
+
+    try:
+        return None if value is None else check_workers(value)
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
+
+
+def _add_workers_option(command: argparse.ArgumentParser, what: str) -> None:
+    """``--workers N`` of convert and verify-conversion (``convert.workers``)."""
+    command.add_argument("--workers", type=int, metavar="N",
+                         help=f"experts {what} at once: up to 3 as threads, from 4 on as N/2 worker processes "
+                              "taking whole layers (default: the CPUs this process may use, after its affinity and "
+                              "cgroup quota; one process for models under 1 GB); fewer, with a warning, when the "
+                              "available memory cannot hold them. The result does not depend on N")
 
 
 def _add_split_option(command: argparse.ArgumentParser) -> None:
@@ -640,6 +661,7 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
                               "sizes from the cache or the Hub's metadata), the shards written and their bytes, the "
                               "free space where they go and the expected peak memory; every real run makes the same "
                               "plan first and refuses at once (exit 2) when it does not fit; a dry run that does not fit exits 1")
+    _add_workers_option(convert, "encoded")
     convert.add_argument("--json", action="store_true", help="print the conversion report (or the plan, or the error) as JSON")
     convert.set_defaults(handler=_json_errors(_cmd_convert))
 
@@ -655,6 +677,7 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
     verify_conversion.add_argument("--revision", metavar="R", help="Hub revision of a repo-id SRC (default: the commit "
                                                                  "OUT records, else main)")
     _add_split_option(verify_conversion)
+    _add_workers_option(verify_conversion, "compared")
     verify_conversion.add_argument("--json", action="store_true", help="print the report (or the error) as JSON")
     verify_conversion.set_defaults(handler=_json_errors(_cmd_verify_conversion))
 

@@ -20,6 +20,7 @@ or an exponent bias off by one. Requires torch and safetensors.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,6 +43,7 @@ from .convert import (
 )
 from .convert.output import single_threaded_torch
 from .convert.source import ExpertRows, read_json
+from .convert.workers import LayerPool, peak_rss, plan_workers, refuse_in_worker_start
 from .errors import ConversionError
 from .hub import is_repo_id
 from .progress import Progress
@@ -56,6 +58,7 @@ SUBNORMAL_STEP = 2.0**-10
 SLACK = 1.0 + 2.0**-16
 MAX_PROBLEMS = 20
 LANES = 2
+logger = logging.getLogger(__name__)
 _CHUNK_VALUES = 1 << 17  # values compared at a time: the pieces stay in cache
 _TILE_ROWS = 128  # rows compared at a time are a multiple of this (the transpose back is cheaper in wide blocks)
 
@@ -414,30 +417,31 @@ def _verify_expert(kind: SourceKind, readers: _LaneReaders, layer: int, proj: st
 
 def _check_experts(kind: SourceKind, readers: _LaneReaders, out: SourceReader, layer: int, proj: str,
                    layout: fmt.Layout, pool: ThreadPoolExecutor, row: LayerRow, report: VerificationReport,
-                   progress: Progress) -> int:
-    """Every expert of one projection, ``LANES`` at a time (one expert per lane in memory);
+                   progress: Progress | None = None, lanes: int = LANES) -> int:
+    """Every expert of one projection, ``lanes`` at a time (one expert per lane in memory);
     returns the number of inexact values."""
+    tick = progress.update if progress is not None else (lambda _count: None)
     name = f"{fmt.layer_prefix(layer)}{proj}"
     scales = out.get(f"{name}.scale").clone()
-    progress.update(scales.numel() * 4)
+    tick(scales.numel() * 4)
     weight = out.source.tensors[f"{name}.weight"][1]
     per_expert = weight.nbytes // max(1, weight.shape[0])
     row.tensors += 2
     in_flight: list[Future[ExpertResult]] = []
     inexact = 0
     for expert in range(readers.src.dims.num_local_experts):
-        if len(in_flight) == LANES:
+        if len(in_flight) == lanes:
             result = in_flight.pop(0).result()
             inexact += result.inexact
             _add(row, result, report)
-            progress.update(per_expert)
+            tick(per_expert)
         in_flight.append(pool.submit(_verify_expert, kind, readers, layer, proj, expert, scales[expert, 0],
                                      layout.padded_intermediate_size))
     for future in in_flight:
         result = future.result()
         inexact += result.inexact
         _add(row, result, report)
-        progress.update(per_expert)
+        tick(per_expert)
     return inexact
 
 
@@ -481,6 +485,68 @@ def source_mismatch_hint(recorded: dict[str, Any], src: Source, given: str | Non
             "or check that OUT is the conversion you meant")
 
 
+@dataclass
+class LayerVerdict:
+    """One layer's row, its problems in the order found and its inexact count (merged into the
+    report in layer order, wherever the layer was checked)."""
+
+    row: LayerRow
+    problems: list[str]
+    inexact: int
+    peak_rss: int = 0
+
+
+def verify_layer(kind: SourceKind, src_reader: SourceReader, out_reader: SourceReader, readers: _LaneReaders,
+                 pool: ThreadPoolExecutor, lanes: int, layer: int, layout: fmt.Layout,
+                 progress: Progress | None = None) -> LayerVerdict:
+    """Every tensor of one layer: the non-expert ones bit for bit, the biases, then every expert
+    ``lanes`` at a time on ``pool``. Runs here or in a worker process alike (there without
+    ``progress``: the main process counts whole layers)."""
+    namespace = fmt.expected_namespace(layout)
+    row, found = LayerRow(str(layer)), VerificationReport(out="", source="")
+    prefix = fmt.layer_prefix(layer)
+    for hf_name, name in non_expert_names(layout.dims).items():
+        if name.startswith(prefix):
+            _check_non_expert(src_reader, out_reader, hf_name, name, namespace[name].shape, row, found)
+            if progress is not None:
+                progress.update(namespace[name].nbytes)
+    _check_biases(kind, src_reader, out_reader, layer, layout, row, found)
+    if progress is not None:
+        progress.update(namespace[f"{prefix}{fmt.GATE_UP}.bias"].nbytes + namespace[f"{prefix}{fmt.DOWN}.bias"].nbytes)
+    inexact = sum(_check_experts(kind, readers, out_reader, layer, proj, layout, pool, row, found, progress, lanes)
+                  for proj in (fmt.GATE_UP, fmt.DOWN))
+    return LayerVerdict(row, found.problems, inexact)
+
+
+@dataclass
+class _VerifyJob:
+    """What every verification worker is set up with (pickled once per process)."""
+
+    src: Source
+    output: Source
+    layout: fmt.Layout
+    lanes: int
+
+
+_WORKER: dict[str, Any] = {}  # a verification worker's job, readers and lanes, kept from layer to layer
+
+
+def _setup_verify(job: _VerifyJob) -> None:
+    _WORKER["job"] = job
+
+
+def _verify_layer_in_worker(layer: int) -> LayerVerdict:
+    job: _VerifyJob = _WORKER["job"]
+    if "pool" not in _WORKER:
+        _WORKER.update(pool=ThreadPoolExecutor(max_workers=job.lanes, thread_name_prefix="verify"),
+                       readers=_LaneReaders(job.src, job.output))
+    with SourceReader(job.src) as src_reader, SourceReader(job.output) as out_reader:
+        verdict = verify_layer(source_kind(job.src), src_reader, out_reader, _WORKER["readers"], _WORKER["pool"],
+                               job.lanes, layer, job.layout)
+    verdict.peak_rss = peak_rss()
+    return verdict
+
+
 def _recorded_source(out_path: str) -> dict[str, Any]:
     """The ``source`` provenance the converter recorded in the output's index, if readable."""
     try:
@@ -494,13 +560,15 @@ def _recorded_source(out_path: str) -> dict[str, Any]:
 
 def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str], *,
                       progress: bool = False, gate_up_split: str | None = None,
-                      given_source: str | None = None) -> VerificationReport:
+                      given_source: str | None = None, workers: int | None = None) -> VerificationReport:
     """Compare the converted checkpoint ``out`` with its ``source``, value by value.
 
     ``gate_up_split`` (compressed-tensors sources whose files cannot tell it) defaults to the
     split the converter recorded in ``out``. ``progress`` shows a bar on a terminal and a plain
     line every few seconds elsewhere. ``given_source`` is what the user named (a Hub id, say)
-    for the hint when OUT records another source. Returns a ``VerificationReport``
+    for the hint when OUT records another source. ``workers``: experts compared at once, layers
+    in parallel processes as ``convert`` spreads them (None: the CPUs the host offers, bounded by
+    memory); the report is the same whatever the count. Returns a ``VerificationReport``
     (``report.ok`` is the verdict, ``render_text()`` the per-layer table). Raises
     ``ConversionError`` when ``source`` is not a supported GPT-OSS checkpoint, or is the
     converted one (arguments swapped). Reads both checkpoints fully, one expert per lane at a
@@ -509,6 +577,7 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
         report = verify_conversion("gpt-oss-120b-fp8", "gpt-oss-120b")
         print(report.render_text())
     """
+    refuse_in_worker_start()
     out_path = os.path.abspath(os.fspath(out))
     swapped = swapped_arguments_hint(out_path, source)
     if swapped:
@@ -536,31 +605,54 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     namespace = fmt.expected_namespace(layout)
     renames = non_expert_names(src.dims)
     exactness = recorded.get("exactness")
-    inexact_total = 0
+    try:
+        plan = plan_workers(workers, layout, src.kind)
+    except ValueError as exc:
+        raise ConversionError(str(exc)) from None
+    if plan.note:
+        logger.warning("verify-conversion: %s", plan.note)
     bar = Progress(sum(spec.nbytes for spec in namespace.values()), f"verify 0/{src.dims.num_hidden_layers} layers",
                    show=None if progress else False)
     output = _output_source(out_path, view)
+    layers = range(src.dims.num_hidden_layers)
     with bar, SourceReader(src) as src_reader, SourceReader(output) as out_reader, \
-            _LaneReaders(src, output) as readers, ThreadPoolExecutor(max_workers=LANES, thread_name_prefix="verify") as pool, single_threaded_torch():
+            _LaneReaders(src, output) as readers, ThreadPoolExecutor(max_workers=plan.lanes, thread_name_prefix="verify") as pool, single_threaded_torch():
         global_row = LayerRow("global")
-        for hf_name, name in renames.items():
-            if not name.startswith("layers."):
-                _check_non_expert(src_reader, out_reader, hf_name, name, namespace[name].shape, global_row, report)
-                bar.update(namespace[name].nbytes)
-        report.rows.append(global_row)
-        for layer in range(src.dims.num_hidden_layers):
-            row = LayerRow(str(layer))
-            prefix = fmt.layer_prefix(layer)
+
+        def check_globals() -> None:
             for hf_name, name in renames.items():
-                if name.startswith(prefix):
-                    _check_non_expert(src_reader, out_reader, hf_name, name, namespace[name].shape, row, report)
+                if not name.startswith("layers."):
+                    _check_non_expert(src_reader, out_reader, hf_name, name, namespace[name].shape, global_row, report)
                     bar.update(namespace[name].nbytes)
-            _check_biases(kind, src_reader, out_reader, layer, layout, row, report)
-            bar.update(namespace[f"{prefix}{fmt.GATE_UP}.bias"].nbytes + namespace[f"{prefix}{fmt.DOWN}.bias"].nbytes)
-            for proj in (fmt.GATE_UP, fmt.DOWN):
-                inexact_total += _check_experts(kind, readers, out_reader, layer, proj, layout, pool, row, report, bar)
-            report.rows.append(row)
-            bar.set_description(f"verify {layer + 1}/{src.dims.num_hidden_layers} layers")
+            report.rows.append(global_row)
+
+        layer_bytes = [sum(spec.nbytes for name, spec in namespace.items() if name.startswith(fmt.layer_prefix(layer)))
+                       for layer in layers]
+        if plan.processes == 1:
+            check_globals()
+            verdicts = []
+            for layer in layers:
+                verdicts.append(verify_layer(kind, src_reader, out_reader, readers, pool, plan.lanes, layer, layout,
+                                             bar))
+                bar.set_description(f"verify {layer + 1}/{src.dims.num_hidden_layers} layers")
+        else:  # the layers in worker processes, the globals here meanwhile; progress by whole layers
+            counted = [0]
+
+            def layers_done(done: int) -> None:
+                while counted[0] < done:
+                    bar.update(layer_bytes[counted[0]])
+                    counted[0] += 1
+                bar.set_description(f"verify {done}/{src.dims.num_hidden_layers} layers")
+
+            with LayerPool(plan.processes, _setup_verify, (_VerifyJob(src, output, layout, plan.lanes),)) as workers_:
+                futures = [workers_.submit(_verify_layer_in_worker, layer) for layer in layers]
+                check_globals()
+                verdicts = workers_.gather(futures, layers_done)
+        for verdict in verdicts:  # in layer order: the report does not depend on the workers
+            report.rows.append(verdict.row)
+            for message in verdict.problems:
+                report.note(message, counts=False)
+        inexact_total = sum(verdict.inexact for verdict in verdicts)
     if (src.kind != SOURCE_BF16 and isinstance(exactness, dict)
             and exactness.get("inexact_values") != inexact_total):
         report.note(f"the converter recorded {exactness.get('inexact_values')} inexact values in the index, "

@@ -400,6 +400,14 @@ class CheckpointWriter:
             raise ConversionError(f"{name} is not a tensor of the normalized format")
         self._written[name] = planned.spec.nbytes
 
+    def mark_written(self, name: str, size: int) -> None:
+        """Count ``size`` bytes of tensor ``name`` as written by a worker process straight into
+        this writer's shard files (``tmp``, at the planned offsets: ``convert.workers``)."""
+        planned = self._plan.get(name)
+        if planned is None or size < 0 or self._written[name] + size > planned.spec.nbytes:
+            raise ConversionError(f"{name}: {size} more bytes do not fit the planned tensor")
+        self._written[name] += size
+
     def commit(self, *, show_progress: bool | None = None) -> str:
         """Check completeness, hash the shards, write config and index, move into place.
 

@@ -29,7 +29,23 @@ and prints wall time, throughput (MB/s of FP8 written; for the baseline, of the 
 values) and peak RSS. Targets: compressed-tensors ≥ the MXFP4 path's throughput; peak RSS < 1 GB
 and flat; verify at least as fast as convert.
 
+With ``--workers 1 2`` it measures instead how conversion scales with ``convert(workers=N)`` on
+the hf-mxfp4 source of the largest ``--layers`` count (2–4 layers: one or more per worker), each
+case ``--repeat`` times in a fresh process:
+
+  cpu-bound   output on tmpfs (``--tmpfs``, default /dev/shm): convert and verify-conversion
+              with each N, and the largest N spread the other way (N < 4: N processes of one
+              lane instead of N threads in this process; N ≥ 4: N threads in one process
+              instead of processes); goal: 2 workers ≥ 1.7× one
+  disk-bound  output on the work directory's disk, the largest N, against
+              ``dd if=/dev/zero of=OUT/f bs=16M count=… conv=fsync`` writing as many bytes to
+              the same directory; goal ≥ 90 % of dd's rate
+
+with the load average before and after (the machine may be shared), and peak RSS of the main
+process and of the busiest worker process.
+
     NXDI_SRC=/path/to/neuronx-distributed-inference python scripts/bench_convert.py [--layers 1 2]
+    python scripts/bench_convert.py --layers 2 --workers 1 2 [--repeat 3]
 """
 
 from __future__ import annotations
@@ -191,6 +207,17 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _children_peak_rss_mb() -> float:
+    """The largest peak RSS of any worker process this one waited for (0 without workers)."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and its workers."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _vm_hwm_mb() -> float:
     with open("/proc/self/status") as handle:
         for line in handle:
@@ -199,35 +226,46 @@ def _vm_hwm_mb() -> float:
     return float("nan")
 
 
-def child_convert(src: str, out: str) -> dict:
+def child_convert(src: str, out: str, workers: str = "", forced: str = "") -> dict:
     from nxdi_gptoss_fp8.checks import preflight
-    from nxdi_gptoss_fp8.convert import convert
+    from nxdi_gptoss_fp8.convert import convert, pipeline
+    from nxdi_gptoss_fp8.convert.workers import WorkerPlan
     from nxdi_gptoss_fp8.writer import CheckpointWriter
 
+    if forced:  # "PROCESSES,LANES": the alternative to the default plan for as many workers
+        processes, lanes = (int(part) for part in forced.split(","))
+        plan = WorkerPlan(processes * lanes, processes, lanes, 0)
+        pipeline.plan_workers = lambda *args, **kwargs: plan  # type: ignore[assignment]
+
     streaming_peak: list[float] = []
+    streamed: list[float] = []
     commit = CheckpointWriter.commit
 
     def measured_commit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         streaming_peak.append(_vm_hwm_mb())  # the peak before the writer hashes the shards
+        streamed.append(time.perf_counter() - started)
         return commit(self, *args, **kwargs)
 
     CheckpointWriter.commit = measured_commit  # type: ignore[method-assign]
     started = time.perf_counter()
-    report = convert(src, out, progress=False, overwrite=True)
+    report = convert(src, out, progress=False, overwrite=True, workers=int(workers) if workers else None)
     elapsed = time.perf_counter() - started
     valid = preflight(out, allow_custom_model=True).ok
     return {"seconds": elapsed, "fp8_bytes": report.fp8_bytes, "values": report.fp8_values,
-            "inexact": report.inexact_values, "max_rel_error": report.max_rel_error,
-            "peak_rss_mb": _peak_rss_mb(), "streaming_peak_rss_mb": streaming_peak[0], "valid": valid}
+            "bytes": report.bytes_written, "inexact": report.inexact_values, "max_rel_error": report.max_rel_error,
+            "peak_rss_mb": _peak_rss_mb(), "streaming_peak_rss_mb": streaming_peak[0], "valid": valid,
+            "worker_peak_rss_mb": _children_peak_rss_mb(), "cpu_seconds": _cpu_seconds(), "plan": report.workers,
+            "stream_seconds": streamed[0]}
 
 
-def child_verify(src: str, out: str) -> dict:
+def child_verify(src: str, out: str, workers: str = "") -> dict:
     from nxdi_gptoss_fp8.verify import verify_conversion
 
     started = time.perf_counter()
-    report = verify_conversion(out, src)
+    report = verify_conversion(out, src, workers=int(workers) if workers else None)
     return {"seconds": time.perf_counter() - started, "ok": report.ok, "peak_rss_mb": _peak_rss_mb(),
-            "inexact": sum(row.inexact for row in report.rows)}
+            "inexact": sum(row.inexact for row in report.rows), "worker_peak_rss_mb": _children_peak_rss_mb(),
+            "cpu_seconds": _cpu_seconds()}
 
 
 def _reimplemented_dequant(blocks: torch.Tensor, scales: torch.Tensor, *, rows_per_chunk: int) -> torch.Tensor:
@@ -293,12 +331,24 @@ def child_baseline(src: str, rows_per_chunk: int) -> dict:
             "label": label}
 
 
+def _machine_busy_seconds() -> float:
+    """CPU seconds every process of the machine has used (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as handle:
+        fields = [int(value) for value in handle.readline().split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _run_child(args: list[str]) -> dict[str, Any]:
+    busy, started = _machine_busy_seconds(), time.perf_counter()
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], capture_output=True,
                           text=True, check=False)
+    busy, wall = _machine_busy_seconds() - busy, time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"child {args[0]} failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if "cpu_seconds" in result:  # the CPUs other jobs kept busy meanwhile (the machine may be shared)
+        result["others_cpus"] = max(0.0, busy - result["cpu_seconds"]) / wall
+    return result
 
 
 def _warm(path: str) -> None:
@@ -307,6 +357,96 @@ def _warm(path: str) -> None:
             with open(entry.path, "rb") as handle:
                 while handle.read(1 << 24):
                     pass
+
+
+def _dd(directory: str, size: int) -> float:
+    """Seconds ``dd conv=fsync`` takes to write ``size`` bytes (rounded up to 16 MiB blocks) into ``directory``."""
+    path = os.path.join(directory, "dd-baseline")
+    count = -(-size // (16 << 20))
+    started = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={count}", "conv=fsync"],
+                   check=True, capture_output=True)
+    elapsed = time.perf_counter() - started
+    os.remove(path)
+    return elapsed * size / (count * (16 << 20))  # the time for exactly ``size`` bytes
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def _best(runs: list[dict]) -> dict:
+    return min(runs, key=lambda run: run["seconds"])
+
+
+def _times(runs: list[dict]) -> str:
+    return "/".join(f"{run['seconds']:.1f}" for run in runs)
+
+
+def bench_workers(src: str, workdir: str, tmpfs: str, counts: list[int], repeat: int) -> None:
+    """The scaling section (see the module docstring): figures of the best of ``repeat`` runs."""
+    fast_out = tempfile.mkdtemp(prefix="bench-convert-out-", dir=tmpfs)
+    disk_out = os.path.join(workdir, "out-disk")
+    print(f"workers: {counts}, {repeat} run(s) each, best shown (all runs in brackets); {_load()}")
+    cases: list[tuple[str, list[str]]] = [(f"{n} worker{'s' if n > 1 else ''}", [str(n), ""]) for n in counts]
+    most = max(counts)
+    if most > 1:  # the other way to spread as many workers: one process per lane, or all lanes in one
+        other = "1,{0}" if most >= 4 else "{0},1"
+        processes, lanes = other.format(most).split(",")
+        label = f"{processes} process{'es' if processes != '1' else ''} × {lanes} lane{'s' if lanes != '1' else ''}"
+        cases.append((f"{most} workers as {label}", ["", other.format(most)]))
+    try:
+        out = os.path.join(fast_out, "out")
+        converted: dict[str, list[dict]] = {}
+        verified: dict[int, list[dict]] = {}
+        for _ in range(repeat):
+            for label, (workers, threads) in cases:
+                _warm(src)
+                converted.setdefault(label, []).append(_run_child(["convert", src, out, workers, threads]))
+            for n in counts:
+                _warm(src)
+                _warm(out)
+                verified.setdefault(n, []).append(_run_child(["verify", src, out, str(n)]))
+        shutil.rmtree(out, ignore_errors=True)
+        first = _best(converted[cases[0][0]])
+        print(f"\ncpu-bound: output on tmpfs ({tmpfs}), hf-mxfp4 source page-cached; MB/s of FP8 written, whole "
+              "convert() call (read, encode, write, fsync, hash, rename); (stream) the speed-up before the "
+              "shards are hashed; CPU s of this run's processes; others: CPUs other jobs kept busy meanwhile")
+        print(f"{'case':<32} | {'convert s':>9} {'MB/s FP8':>8} {'vs first':>8} {'(stream)':>8} {'CPU s':>6} "
+              f"{'others':>6} {'main RSS':>8} {'worker RSS':>10} | runs")
+        for label, _ in cases:
+            best = _best(converted[label])
+            print(f"{label:<32} | {best['seconds']:>9.1f} {best['fp8_bytes'] / best['seconds'] / 1e6:>8.0f} "
+                  f"{first['seconds'] / best['seconds']:>7.2f}x {first['stream_seconds'] / best['stream_seconds']:>7.2f}x "
+                  f"{best['cpu_seconds']:>6.1f} {best['others_cpus']:>6.2f} "
+                  f"{best['peak_rss_mb']:>6.0f}MB {best['worker_peak_rss_mb']:>8.0f}MB | "
+                  f"[{_times(converted[label])}] {best['plan']}")
+        one = _best(verified[counts[0]])
+        for n in counts:
+            best = _best(verified[n])
+            print(f"{'verify-conversion, ' + str(n) + ' workers':<32} | {best['seconds']:>9.1f} "
+                  f"{first['fp8_bytes'] / best['seconds'] / 1e6:>8.0f} {one['seconds'] / best['seconds']:>7.2f}x {'':>8} "
+                  f"{best['cpu_seconds']:>6.1f} {best['others_cpus']:>6.2f} {best['peak_rss_mb']:>6.0f}MB {best['worker_peak_rss_mb']:>8.0f}MB | "
+                  f"[{_times(verified[n])}] ok={best['ok']}")
+        on_disk: list[dict] = []
+        dd: list[float] = []
+        for _ in range(repeat):
+            _warm(src)
+            on_disk.append(_run_child(["convert", src, disk_out, str(most), ""]))
+            shutil.rmtree(disk_out, ignore_errors=True)
+            dd.append(_dd(workdir, on_disk[-1]["bytes"]))
+        best, dd_best = _best(on_disk), min(dd)
+        size = best["bytes"]
+        print(f"\ndisk-bound: output on the disk of {workdir}, {size / 1e9:.2f} GB (the whole checkpoint)")
+        print(f"{'convert, ' + str(most) + ' workers':<32} | {best['seconds']:>9.1f} {size / best['seconds'] / 1e6:>8.0f} "
+              f"MB/s {size / best['seconds'] / (size / dd_best):>6.0%} of dd | [{_times(on_disk)}] "
+              f"others {best['others_cpus']:.2f} CPUs")
+        print(f"{'dd bs=16M conv=fsync':<32} | {dd_best:>9.1f} {size / dd_best / 1e6:>8.0f} MB/s "
+              f"{'':>11} | [{'/'.join(f'{t:.1f}' for t in dd)}]")
+        print(f"{_load()}")
+    finally:
+        shutil.rmtree(fast_out, ignore_errors=True)
+        shutil.rmtree(disk_out, ignore_errors=True)
 
 
 def main() -> int:
@@ -318,6 +458,10 @@ def main() -> int:
     parser.add_argument("--nxdi-rows-per-chunk", type=int, default=NXDI_ROWS_PER_CHUNK,
                         help="rows of 16 bytes per dequant chunk in the baseline (NxDI's default 32768*1024 "
                              "needs ~15 GB for one 120b gate_up tensor; the chunk size does not change its speed much)")
+    parser.add_argument("--workers", type=int, nargs="+", metavar="N",
+                        help="measure convert(workers=N) and verify-conversion for each N instead (see above)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each --workers case (the best is shown)")
+    parser.add_argument("--tmpfs", default="/dev/shm", help="where the cpu-bound outputs go (default /dev/shm)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -333,6 +477,10 @@ def main() -> int:
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}; "
           f"gpt-oss-120b layer shapes, vocab shrunk to {args.vocab}; work dir {workdir}")
     try:
+        if args.workers:
+            source = make_sources(workdir, SOURCE_MXFP4, [max(counts)], args.vocab)[max(counts)]
+            bench_workers(source, workdir, args.tmpfs, sorted(set(args.workers)), args.repeat)
+            return 0
         sources = {kind: make_sources(workdir, kind, counts, args.vocab) for kind in KINDS}
         rows: list[tuple[str, int, dict, dict]] = []
         baselines: dict[int, dict] = {}

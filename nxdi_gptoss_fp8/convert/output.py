@@ -72,6 +72,8 @@ class ConversionReport:
     fp8_bytes: int
     elapsed_s: float
     experts: list[ExpertStats] = field(default_factory=list)
+    workers: str = ""  # how the layers were spread (``workers.WorkerPlan.describe``)
+    peak_rss_per_process: int = 0  # the largest peak RSS of any process that converted layers
 
     @property
     def fp8_values(self) -> int:
@@ -113,6 +115,8 @@ class ConversionReport:
             f"  {_size_text(self.bytes_written)} written ({_size_text(self.fp8_bytes)} FP8) in "
             f"{self.elapsed_s:.1f} s ({rate:.0f} MB/s FP8)",
         ]
+        if self.workers:
+            lines.append(f"  {self.workers}; measured peak RSS per process {_size_text(self.peak_rss_per_process)}")
         if not self.requantized:
             lines.append(
                 f"  exactness: {self.fp8_values - self.inexact_values} of {self.fp8_values} expert values exact "
@@ -256,8 +260,9 @@ class Workspace:
 
     LANES = 2
 
-    def __init__(self, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, *, lanes: int | None = None) -> None:
         self.pool = pool
+        self.LANES = lanes or self.LANES  # one worker's lanes (``workers.WorkerPlan``)
         self._tools: dict[Any, list[Any]] = {}
         self._lanes: dict[tuple[Any, tuple[int, int]], list[Lane]] = {}
 

@@ -8,6 +8,7 @@ tensors (renamed, zero-padded, BF16) and hands each layer's experts to the kind.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -46,7 +47,9 @@ from .source import (
     non_expert_names,
     read_source_files,
 )
+from .workers import ConversionWorkers, lane_buffers, peak_rss, plan_workers, refuse_in_worker_start
 
+logger = logging.getLogger(__name__)
 KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (HfMxfp4(), HfBf16(), CompressedTensorsFp8())}
 
 
@@ -209,6 +212,15 @@ def plan_from_hub(fetch: Any, out: str | os.PathLike[str], *, padded_hidden_size
                            writer=writer, reads=reads, download_dir=fetch.download_dir)
 
 
+def convert_layer(kind: SourceKind, reader: SourceReader, output: Output, layout: fmt.Layout, workspace: Workspace,
+                  names: list[tuple[str, str]], layer: int) -> list[ExpertStats]:
+    """One layer: its non-expert tensors (``names``: HF name, ours) renamed, cast and padded,
+    then its experts through the source kind. Runs here or in a worker process alike."""
+    for hf_name, name in names:
+        copy_padded(reader, hf_name, output, name)
+    return kind.convert_experts(reader, layer, output, layout, workspace)
+
+
 def convert(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -221,6 +233,7 @@ def convert(
     provenance: Mapping[str, Any] | None = None,
     extra_files: Mapping[str, str | os.PathLike[str]] | None = None,
     gate_up_split: str | None = None,
+    workers: int | None = None,
 ) -> ConversionReport:
     """Convert the GPT-OSS checkpoint ``src`` (HF MXFP4, HF BF16 or compressed-tensors FP8) into a
     normalized FP8 checkpoint at ``out``.
@@ -241,6 +254,10 @@ def convert(
             generation config: ``hub.companion_files(src)``), inside the atomic write.
         gate_up_split: compressed-tensors sources only, when their files cannot tell:
             ``"interleaved"`` or ``"halves"`` (the error message says how to decide).
+        workers: experts encoded at once, spread over up to one process per layer (None: the
+            CPUs the host offers); bounded by the available memory, with a warning on the
+            package logger when that lowers it (``workers.plan_workers``). The output is
+            byte-identical whatever the count.
 
     Returns:
         A ``ConversionReport`` (bytes, time, exactness). Raises ``ConversionError`` for a source
@@ -251,6 +268,7 @@ def convert(
             report = convert("gpt-oss-120b", "gpt-oss-120b-fp8")
             print(report.render_text())
     """
+    refuse_in_worker_start()
     started = time.perf_counter()
     source, writer, planned = _prepare(
         src, out, padded_hidden_size=padded_hidden_size, padded_intermediate_size=padded_intermediate_size,
@@ -262,6 +280,12 @@ def convert(
     layout = writer.layout
     profile = writer.profile
     out_path = writer.out
+    try:
+        plan = plan_workers(workers, layout, source.kind)
+    except ValueError as exc:
+        raise ConversionError(str(exc)) from None
+    if plan.note:
+        logger.warning("convert: %s", plan.note)
     by_layer: dict[int, list[tuple[str, str]]] = {}
     globals_: list[tuple[str, str]] = []
     for hf_name, name in non_expert_names(dims).items():
@@ -271,23 +295,34 @@ def convert(
     bar = Progress(fmt.expected_total_size(layout), f"convert 0/{dims.num_hidden_layers} layers",
                    show=None if progress else False)
     with bar, SourceReader(source) as reader, writer, ThreadPoolExecutor(max_workers=1, thread_name_prefix="convert-write") as pool, ThreadPoolExecutor(
-        max_workers=Workspace.LANES, thread_name_prefix="convert-encode"
+        max_workers=plan.lanes, thread_name_prefix="convert-encode"
     ) as compute, single_threaded_torch():
         # the pools exit before the writer: no write is still running when it closes its files
-        workspace = Workspace(compute)
+        workspace = Workspace(compute, lanes=lane_buffers(plan.lanes))
         output = Output(writer, bar, pool)
-        for hf_name, name in globals_:
-            copy_padded(reader, hf_name, output, name)
-        for layer in range(dims.num_hidden_layers):
-            for hf_name, name in by_layer[layer]:
+
+        def copy_globals() -> None:
+            for hf_name, name in globals_:
                 copy_padded(reader, hf_name, output, name)
-            stats += kind.convert_experts(reader, layer, output, layout, workspace)
-            bar.set_description(f"convert {layer + 1}/{dims.num_hidden_layers} layers")
+
+        if plan.processes == 1:
+            copy_globals()
+            for layer in range(dims.num_hidden_layers):
+                stats += convert_layer(kind, reader, output, layout, workspace, by_layer[layer], layer)
+                bar.set_description(f"convert {layer + 1}/{dims.num_hidden_layers} layers")
+            process_peak = peak_rss()
+        else:  # the layers in worker processes, the globals here meanwhile; merged in layer order
+            with ConversionWorkers(plan, source, layout, writer, by_layer) as layer_workers:
+                for outcome in layer_workers.convert(range(dims.num_hidden_layers), bar, copy_globals):
+                    outcome.record(writer, output)
+                    stats += outcome.stats
+            process_peak = layer_workers.peak_rss
         report = ConversionReport(
             source=source.root, source_format=source.kind, out=out_path, profile=profile,
             padded_hidden_size=layout.padded_hidden_size, padded_intermediate_size=layout.padded_intermediate_size,
             layers=dims.num_hidden_layers, tensors=len(writer.planned), bytes_written=output.bytes,
-            fp8_bytes=output.fp8_bytes, elapsed_s=0.0, experts=stats,
+            fp8_bytes=output.fp8_bytes, elapsed_s=0.0, experts=stats, workers=plan.describe(),
+            peak_rss_per_process=process_peak,
         )
         assert writer.source is not None
         writer.source["exactness"] = report.exactness_summary()

@@ -1,0 +1,464 @@
+"""Layers in parallel: how many workers a host offers, and the worker processes that convert
+(or verify) one layer at a time each.
+
+``--workers N`` is how many experts are encoded (or compared) at once: ``N`` lanes (threads)
+in this process for N < 4, else ``min(⌊N/2⌋, layers)`` worker processes, fewer when memory
+is short, each taking one layer at a time with ``N // processes`` lanes (at most 8). Two
+threads in one process did as well as two processes on a 2-core machine (a process costs
+its start, ≈ 2 CPU-seconds of importing torch, and its own mappings); beyond that, processes
+scale where one process would not: each has its own GIL, its own source reader (whose
+releases unmap pages only it uses) and its own write thread, so nothing is shared but the
+page cache. They are spawned (a fresh interpreter each: no forked locks or OpenMP state)
+once per run. ``scripts/bench_convert.py --workers 1 2`` measures the alternatives.
+
+Every worker writes its tensors at the offsets the main process's ``CheckpointWriter``
+planned before any worker started, into the writer's hidden partial directory, and never
+creates a file; the main process merges the results in layer order. The shard plan, the
+offsets and the merge order never depend on which worker finishes first, so the output is
+byte-identical to a one-worker run. Workers ignore SIGINT (the main process handles Ctrl-C
+and ends them), are ended when the main process ends, and are killed at once when anything
+fails: the writer then removes its partial directory, and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import multiprocessing
+import os
+import resource
+import signal
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .. import format as fmt
+from ..errors import ConversionError
+from ..units import format_bytes, plural
+from ..writer import CheckpointWriter, PlannedTensor, as_bytes
+
+MAX_WORKERS = 1024
+MAX_LANES = 8  # per process: its one loader and one write thread feed them
+# Lanes a process takes before another process starts: two threads in one process matched or
+# beat two processes here (scripts/bench_convert.py --workers 1 2 4: a process costs ≈ 2 s of
+# CPU to start and its own mappings); more processes scale past one GIL, loader and writer.
+LANES_BEFORE_PROCESSES = 2
+# Peak RSS of one process, measured on gpt-oss-120b layers (scripts/bench_convert.py): the
+# interpreter with torch and this package (≈ 245 MB) plus allocator slack, the non-expert
+# copy's two chunks, and per lane its output buffers and in-flight source experts.
+PROCESS_BYTES = 320 << 20
+COPY_BYTES = 64 << 20
+LANE_EXPERT_COPIES = 3  # output buffers of both shapes plus the source expert in flight, per lane
+DENSE_BYTES_PER_VALUE = 28  # BF16 sources: one expert in float32 with its error and mask (no lanes)
+POLL_SECONDS = 0.2
+# By default, models smaller than this are converted in one process: a worker's start (an
+# interpreter importing torch, ≈ 1.4 s here) costs more than the whole conversion.
+MIN_PARALLEL_BYTES = 1 << 30
+
+_PROC = "/proc"
+_CGROUP = "/sys/fs/cgroup"
+_UNLIMITED = 1 << 60
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- what the host offers
+
+
+def check_workers(value: object) -> int:
+    """``value`` as a worker count: an integer from 1 to ``MAX_WORKERS``; ``ValueError`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
+        raise ValueError(f"workers must be an integer from 1 to {MAX_WORKERS}, not {value!r}")
+    return value
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _cgroup_dirs(controller: str) -> list[str]:
+    """Where this process's cgroup files for ``controller`` may be: the v2 unified hierarchy
+    (at its own path, then the namespace root) and the v1 controller's directory."""
+    dirs = []
+    for line in (_read(os.path.join(_PROC, "self", "cgroup")) or "").splitlines():
+        number, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if number == "0" and controllers == "":
+            dirs.append(os.path.join(_CGROUP, path.lstrip("/")))
+        elif controller in controllers.split(","):
+            dirs += [os.path.join(_CGROUP, controllers, path.lstrip("/")), os.path.join(_CGROUP, controller)]
+    return [*dirs, _CGROUP, os.path.join(_CGROUP, controller)]
+
+
+def _cgroup_cpu_quota() -> int | None:
+    """The CPUs the cgroup's CPU quota allows (rounded up), or None when there is none."""
+    for directory in _cgroup_dirs("cpu"):
+        text = _read(os.path.join(directory, "cpu.max"))
+        if text is not None:
+            quota, _, period = text.strip().partition(" ")
+        else:
+            quota = (_read(os.path.join(directory, "cpu.cfs_quota_us")) or "").strip()
+            period = (_read(os.path.join(directory, "cpu.cfs_period_us")) or "").strip()
+            if not quota:
+                continue
+        if quota in ("max", "-1") or not quota.lstrip("-").isdigit() or not period.isdigit() or int(period) <= 0:
+            return None
+        return max(1, math.ceil(int(quota) / int(period)))
+    return None
+
+
+def host_cpus() -> tuple[int, str]:
+    """(CPUs this process may use, how that was found): its CPU affinity, bounded by a cgroup
+    CPU quota."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_cpu_quota()
+    if quota is not None and quota < cpus:
+        return quota, f"the cgroup CPU quota allows {quota} of {cpus} CPUs"
+    return cpus, f"{cpus} CPUs offered"
+
+
+def _meminfo_available() -> int | None:
+    for line in (_read(os.path.join(_PROC, "meminfo")) or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def _cgroup_headroom() -> int | None:
+    """Bytes the memory cgroup still allows (limit − usage, reclaimable file pages counted
+    free), or None without a limit."""
+    for directory in _cgroup_dirs("memory"):
+        for limit_file, usage_file, inactive_key in (("memory.max", "memory.current", "inactive_file"),
+                                                     ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                      "total_inactive_file")):
+            limit, usage = _read(os.path.join(directory, limit_file)), _read(os.path.join(directory, usage_file))
+            if limit is None or usage is None:
+                continue
+            limit, usage = limit.strip(), usage.strip()
+            if not limit.isdigit() or int(limit) >= _UNLIMITED or not usage.isdigit():
+                return None
+            inactive = 0
+            for line in (_read(os.path.join(directory, "memory.stat")) or "").splitlines():
+                key, _, value = line.partition(" ")
+                if key == inactive_key and value.strip().isdigit():
+                    inactive = int(value)
+            return max(0, int(limit) - max(0, int(usage) - inactive))
+    return None
+
+
+def available_memory() -> tuple[int | None, str]:
+    """(bytes this run may still use, where the figure comes from): /proc/meminfo's
+    MemAvailable, or the memory cgroup's headroom when that is smaller; None if neither is known."""
+    system, cgroup = _meminfo_available(), _cgroup_headroom()
+    if cgroup is not None and (system is None or cgroup < system):
+        return cgroup, "under the memory cgroup's limit"
+    return system, "MemAvailable"
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def lane_buffers(lanes: int) -> int:
+    """Output buffers for ``lanes`` compute threads: one more, so that a full buffer is written
+    while the next expert is encoded (with one buffer per thread, a lone thread would wait for
+    every write)."""
+    return lanes + 1
+
+
+def process_bytes(layout: fmt.Layout, kind: str, lanes: int) -> int:
+    """Estimated peak RSS of one process converting or verifying layers of ``layout`` from a
+    ``kind`` source with ``lanes`` compute lanes (the largest expert dominates)."""
+    hp, ip = layout.padded_hidden_size, layout.padded_intermediate_size
+    expert = hp * 2 * ip  # gate_up [H', 2I'] FP8 values, the largest expert tensor
+    # BF16 sources are encoded in the calling thread, one expert at a time, in float32
+    work = DENSE_BYTES_PER_VALUE * expert if kind == "hf-bf16" else lane_buffers(lanes) * LANE_EXPERT_COPIES * expert
+    return PROCESS_BYTES + COPY_BYTES + work
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """How a run is spread: ``workers`` experts at once, as ``processes`` processes (1: all in
+    this one) of ``lanes`` compute lanes each; ``note`` says why, when fewer than asked for or
+    offered."""
+
+    workers: int
+    processes: int
+    lanes: int
+    process_bytes: int
+    note: str | None = None
+
+    def describe(self) -> str:
+        where = (f"{plural(self.lanes, 'lane')} in this process" if self.processes == 1
+                 else f"{plural(self.processes, 'process', 'processes')} × {plural(self.lanes, 'lane')}")
+        return f"{plural(self.workers, 'worker')} ({where}, ≈ {format_bytes(self.process_bytes)} peak RSS per process estimated)"
+
+
+def plan_workers(requested: int | None, layout: fmt.Layout, kind: str, *,
+                 cpus: tuple[int, str] | None = None,
+                 memory: tuple[int | None, str] | None = None) -> WorkerPlan:
+    """The plan for ``requested`` workers (None: the CPUs the host offers): one process per
+    ``LANES_BEFORE_PROCESSES`` lanes (fewer than twice that: all in this process), at most one
+    process per layer and ``MAX_LANES`` lanes per process, no more than the available memory holds,
+    and one process for a model smaller than ``MIN_PARALLEL_BYTES`` unless ``requested``
+    (``cpus`` and ``memory`` default to ``host_cpus()`` and ``available_memory()``). Raises
+    ``ValueError`` for a bad count."""
+    cpus = cpus or host_cpus()
+    if requested is None:
+        workers, source = min(cpus[0], MAX_WORKERS), cpus[1]
+    else:
+        workers, source = check_workers(requested), "asked for"
+    processes = min(max(1, workers // LANES_BEFORE_PROCESSES), max(1, layout.dims.num_hidden_layers))
+    if requested is None and fmt.expected_total_size(layout) < MIN_PARALLEL_BYTES:
+        processes = 1  # a small model: starting workers would take longer than converting it here
+
+    def lanes_for(count: int) -> int:
+        return min(MAX_LANES, max(1, workers // count))
+
+    def needs(count: int, lanes: int) -> int:  # this process too, when it only copies the globals
+        return count * process_bytes(layout, kind, lanes) + (process_bytes(layout, kind, 1) if count > 1 else 0)
+
+    lanes = lanes_for(processes)
+    available, where = memory or available_memory()
+    note = None
+    if available is not None and needs(processes, lanes) > available:
+        # as many processes as fit with one lane each (a layer each), then as many lanes as fit
+        fits = next((count for count in range(processes, 0, -1) if needs(count, 1) <= available), 1)
+        fit_lanes = next((n for n in range(lanes_for(fits), 0, -1) if needs(fits, n) <= available), 1)
+        if (fits, fit_lanes) != (processes, lanes):
+            note = (f"{plural(workers, 'worker')} ({source}) run as {plural(fits, 'process', 'processes')} × "
+                    f"{plural(fit_lanes, 'lane')} to fit in memory: ≈ "
+                    f"{format_bytes(process_bytes(layout, kind, fit_lanes))} peak RSS per process, "
+                    f"{format_bytes(available)} available ({where})")
+            processes, lanes = fits, fit_lanes
+    return WorkerPlan(workers=processes * lanes, processes=processes, lanes=lanes,
+                      process_bytes=process_bytes(layout, kind, lanes), note=note)
+
+
+# --------------------------------------------------------------------------- worker processes
+
+
+def refuse_in_worker_start() -> None:
+    """Raise ``ConversionError`` when called while a worker process starts: a script that calls
+    ``convert`` at module level, outside ``if __name__ == "__main__":``, runs that call again
+    in every spawned worker, which must stop before it writes anything."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise ConversionError("called while a worker process starts: put the call under "
+                              "`if __name__ == \"__main__\":` (worker processes re-import the main script)")
+
+
+def peak_rss() -> int:
+    """This process's peak RSS in bytes (Linux reports kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _end_with_parent(parent: int) -> None:
+    """Have the kernel kill this worker when the process that started it ends (Linux), so a
+    killed conversion leaves no worker writing into its partial directory."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it ended before the line above took effect
+        os._exit(1)
+
+
+def _start_worker(parent: int, setup: Callable[..., None], args: tuple[Any, ...]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
+    _end_with_parent(parent)
+    import torch
+
+    torch.set_num_threads(1)  # the lanes are the parallelism (see output.single_threaded_torch)
+    setup(*args)
+
+
+class LayerPool:
+    """``processes`` spawned worker processes, each set up once with ``setup(*args)`` (a
+    module-level function: it is pickled by name). Leaving the block normally waits for them;
+    leaving it by an exception (Ctrl-C included) kills them at once."""
+
+    def __init__(self, processes: int, setup: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self._executor = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_start_worker, initargs=(os.getpid(), setup, args))
+
+    def __enter__(self) -> LayerPool:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self._executor.shutdown(wait=True)
+        else:
+            self.kill()
+
+    def kill(self) -> None:
+        """End every worker now (they hold nothing worth saving) and wait until they are gone."""
+        processes = list((getattr(self._executor, "_processes", None) or {}).values())
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            with contextlib.suppress(OSError, ValueError):
+                process.kill()
+        for process in processes:
+            with contextlib.suppress(OSError, ValueError, AssertionError):
+                process.join(timeout=10)
+
+    def submit(self, function: Callable[[int], T], layer: int) -> Future[T]:
+        return self._executor.submit(function, layer)
+
+    def gather(self, futures: list[Future[T]], poll: Callable[[int], None]) -> list[T]:
+        """The results in submission order; ``poll(done)`` runs every ``POLL_SECONDS`` while
+        waiting. The first failure is raised as soon as it happens (its original exception; a
+        worker killed from outside, e.g. out of memory, as a ``ConversionError``)."""
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+            for future in done:
+                try:
+                    future.result()
+                except BrokenProcessPool:
+                    raise ConversionError(
+                        "a worker process ended abruptly (killed; out of memory: try fewer workers; or, from a "
+                        "Python script, a call not under `if __name__ == \"__main__\":`, which the spawned "
+                        "workers re-import); nothing was written") from None
+            poll(len(futures) - len(pending))
+        return [future.result() for future in futures]
+
+
+# --------------------------------------------------------------------------- conversion workers
+
+
+class SharedProgress:
+    """Bytes written by every worker, summed in shared memory for the main process's bar (the
+    ``bar`` a worker's ``Output`` updates)."""
+
+    def __init__(self, counter: Any) -> None:
+        self.counter = counter
+
+    def update(self, size: int) -> None:
+        with self.counter.get_lock():
+            self.counter.value += size
+
+
+class ShardFiles:
+    """A worker's side of the ``CheckpointWriter``: the planned tensors, written with ``put``
+    at their offsets into the shard files the main process created (opened for writing, never
+    created: once the partial directory is gone, a write fails instead of leaving a file)."""
+
+    def __init__(self, tmp: str, planned: Mapping[str, PlannedTensor]) -> None:
+        self.tmp, self.planned = tmp, planned
+        self.written: dict[str, int] = {}
+        self._fds: dict[str, int] = {}
+
+    def put(self, name: str, data: Any, *, offset: int = 0) -> None:
+        planned = self.planned.get(name)
+        if planned is None:
+            raise ConversionError(f"{name} is not a tensor of the normalized format")
+        raw = as_bytes(data)
+        if offset < 0 or offset + raw.nbytes > planned.spec.nbytes:
+            raise ConversionError(f"{name}: bytes {offset}..{offset + raw.nbytes} exceed its {planned.spec.nbytes} bytes")
+        if planned.shard not in self._fds:
+            self._fds[planned.shard] = os.open(os.path.join(self.tmp, planned.shard), os.O_WRONLY | os.O_CLOEXEC)
+        fd, position, view = self._fds[planned.shard], planned.offset + offset, raw
+        while view.nbytes:
+            written = os.pwrite(fd, view, position)
+            view, position = view[written:], position + written
+        self.written[name] = self.written.get(name, 0) + raw.nbytes
+
+
+@dataclass
+class LayerOutcome:
+    """What a worker did with one layer: per-projection exactness, bytes per tensor, and its
+    process's peak RSS so far."""
+
+    layer: int
+    stats: list[Any]
+    written: dict[str, int]
+    bytes: int
+    fp8_bytes: int
+    peak_rss: int
+
+    def record(self, writer: CheckpointWriter, output: Any) -> None:
+        """Count this layer's bytes as written, in the writer's completeness check and the report."""
+        for name, size in self.written.items():
+            writer.mark_written(name, size)
+        output.bytes += self.bytes
+        output.fp8_bytes += self.fp8_bytes
+
+
+@dataclass
+class ConvertJob:
+    """What every conversion worker is set up with (pickled once per process)."""
+
+    source: Any
+    layout: fmt.Layout
+    tmp: str
+    planned: dict[str, PlannedTensor]
+    by_layer: dict[int, list[tuple[str, str]]]
+    lanes: int
+    progress: Any = None
+
+
+_WORKER: dict[str, Any] = {}  # a conversion worker's job and its pools, kept from layer to layer
+
+
+def _setup_convert(job: ConvertJob) -> None:
+    _WORKER["job"] = job
+
+
+def _convert_layer(layer: int) -> LayerOutcome:
+    """One layer in a worker, through the same ``pipeline.convert_layer`` a one-process run uses."""
+    from .output import Output, Workspace
+    from .pipeline import convert_layer, source_kind
+    from .source import SourceReader
+
+    job: ConvertJob = _WORKER["job"]
+    if "shards" not in _WORKER:
+        compute = ThreadPoolExecutor(job.lanes, thread_name_prefix="convert-encode")
+        _WORKER.update(write=ThreadPoolExecutor(1, thread_name_prefix="convert-write"),
+                       workspace=Workspace(compute, lanes=lane_buffers(job.lanes)), shards=ShardFiles(job.tmp, job.planned))
+    shards: ShardFiles = _WORKER["shards"]
+    shards.written = {}
+    output = Output(shards, SharedProgress(job.progress), _WORKER["write"])  # type: ignore[arg-type]
+    with SourceReader(job.source) as reader:
+        stats = convert_layer(source_kind(job.source), reader, output, job.layout, _WORKER["workspace"],
+                              job.by_layer[layer], layer)
+    return LayerOutcome(layer, stats, dict(shards.written), output.bytes, output.fp8_bytes, peak_rss())
+
+
+class ConversionWorkers:
+    """The worker processes of one conversion, around its ``CheckpointWriter`` (whose partial
+    directory and plan they write into); a progress bar follows the bytes they write."""
+
+    def __init__(self, plan: WorkerPlan, source: Any, layout: fmt.Layout, writer: CheckpointWriter,
+                 by_layer: dict[int, list[tuple[str, str]]]) -> None:
+        assert writer.tmp is not None, "the writer's block must be entered first"
+        self._counter = multiprocessing.get_context("spawn").Value("q", 0)
+        job = ConvertJob(source, layout, writer.tmp, dict(writer.planned), by_layer, plan.lanes, self._counter)
+        self._pool = LayerPool(plan.processes, _setup_convert, (job,))
+        self.peak_rss = 0
+
+    def __enter__(self) -> ConversionWorkers:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._pool.__exit__(*exc)
+
+    def convert(self, layers: Iterable[int], bar: Any, meanwhile: Callable[[], None]) -> list[LayerOutcome]:
+        """Every layer of ``layers`` in the workers, ``meanwhile()`` here as they start; the
+        outcomes in layer order."""
+        layers = list(layers)
+        futures = [self._pool.submit(_convert_layer, layer) for layer in layers]
+        meanwhile()
+        shown = 0
+
+        def poll(done: int) -> None:
+            nonlocal shown
+            total = self._counter.value
+            bar.update(total - shown)
+            shown = total
+            bar.set_description(f"convert {done}/{len(layers)} layers")
+
+        outcomes = self._pool.gather(futures, poll)
+        self.peak_rss = max((outcome.peak_rss for outcome in outcomes), default=0)
+        return outcomes

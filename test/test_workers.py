@@ -1,0 +1,312 @@
+"""Layers in parallel worker processes: the plan (CPUs, cgroup quota, memory), byte-identical
+output, the same verdicts, and nothing left behind when a worker fails or the run is interrupted."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.cli import main
+from nxdi_gptoss_fp8.convert import convert, workers
+from nxdi_gptoss_fp8.convert.workers import MAX_WORKERS, check_workers, plan_workers
+from nxdi_gptoss_fp8.errors import ConversionError
+from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, SOURCE_COMPRESSED_TENSORS, SOURCE_DIMS, SOURCE_MXFP4, make_source
+from nxdi_gptoss_fp8.verify import verify_conversion
+
+REPO = Path(__file__).resolve().parent.parent
+FOUR_LAYERS = dataclasses.replace(SOURCE_DIMS, num_hidden_layers=4)
+LAYOUT_120B = fmt.Layout.unpadded(fmt.PROFILES[fmt.PROFILE_120B])
+GIB = 1 << 30
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sources")
+    return {kind: make_source(root / kind, kind, dims=FOUR_LAYERS)
+            for kind in (SOURCE_MXFP4, SOURCE_BF16, SOURCE_COMPRESSED_TENSORS)}
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@pytest.mark.parametrize("value", [0, -1, MAX_WORKERS + 1, True, 2.0, "2", None])
+def test_a_bad_worker_count_is_refused(value: object) -> None:
+    with pytest.raises(ValueError, match=f"from 1 to {MAX_WORKERS}"):
+        check_workers(value)
+
+
+@pytest.mark.parametrize("requested, cpus, processes, lanes", [
+    (None, 8, 4, 2),     # what the host offers, two lanes per process
+    (None, 1, 1, 1),
+    (2, 8, 1, 2),        # asked for: up to 3 as threads in this process ...
+    (3, 8, 1, 3),
+    (5, 8, 2, 2),        # ... then processes
+    (96, 2, 36, 2),      # at most one process per layer (36 layers) ...
+    (400, 2, 36, 8),     # ... and at most MAX_LANES lanes each
+    (1, 8, 1, 1),
+])
+def test_the_plan_follows_cpus_and_layers(requested: int | None, cpus: int, processes: int, lanes: int) -> None:
+    plan = plan_workers(requested, LAYOUT_120B, SOURCE_MXFP4, cpus=(cpus, "test"), memory=(1 << 50, "test"))
+    assert (plan.processes, plan.lanes, plan.workers, plan.note) == (processes, lanes, processes * lanes, None)
+
+
+def test_the_plan_is_bounded_by_memory_and_says_why() -> None:
+    per_process = workers.process_bytes(LAYOUT_120B, SOURCE_MXFP4, 1)
+    available = 4 * per_process + per_process // 2  # this process and three workers
+    plan = plan_workers(None, LAYOUT_120B, SOURCE_MXFP4, cpus=(16, "16 CPUs offered"), memory=(available, "MemAvailable"))
+    assert plan.processes == 3 and plan.workers < 16
+    assert plan.process_bytes * plan.processes + per_process <= available  # fits ...
+    more = workers.process_bytes(LAYOUT_120B, SOURCE_MXFP4, plan.lanes + 1)
+    assert more * plan.processes + per_process > available  # ... and is the most that does
+    assert plan.note is not None and "16 workers (16 CPUs offered)" in plan.note and "3 processes" in plan.note
+    assert "MemAvailable" in plan.note and "available" in plan.note
+    squeezed = plan_workers(8, LAYOUT_120B, SOURCE_BF16, cpus=(8, "x"), memory=(1, "the cgroup"))
+    assert (squeezed.processes, squeezed.lanes) == (1, 1) and squeezed.note is not None
+
+
+def test_a_small_model_stays_in_one_process_unless_asked() -> None:
+    tiny = fmt.Layout.unpadded(SOURCE_DIMS)
+    assert plan_workers(None, tiny, SOURCE_MXFP4, cpus=(8, "x"), memory=(1 << 40, "x")).processes == 1
+    assert plan_workers(4, tiny, SOURCE_MXFP4, cpus=(8, "x"), memory=(1 << 40, "x")).processes == 2
+
+
+def _fake_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    monkeypatch.setattr(workers, "_PROC", str(tmp_path / "proc"))
+    monkeypatch.setattr(workers, "_CGROUP", str(tmp_path / "cgroup"))
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"proc/self/cgroup": "0::/job\n", "cgroup/job/cpu.max": "150000 100000\n"}, 2),  # v2: 1.5 CPUs, rounded up
+    ({"proc/self/cgroup": "0::/\n", "cgroup/cpu.max": "max 100000\n"}, None),
+    ({"proc/self/cgroup": "4:cpu,cpuacct:/box\n", "cgroup/cpu,cpuacct/box/cpu.cfs_quota_us": "100000\n",
+      "cgroup/cpu,cpuacct/box/cpu.cfs_period_us": "100000\n"}, 1),  # v1
+    ({"proc/self/cgroup": "4:cpu:/\n", "cgroup/cpu/cpu.cfs_quota_us": "-1\n",
+      "cgroup/cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),
+])
+def test_the_cgroup_cpu_quota_bounds_the_cpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                              files: dict[str, str], expected: int | None) -> None:
+    _fake_host(monkeypatch, tmp_path, files)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    cpus, why = workers.host_cpus()
+    assert cpus == (expected or 4)
+    assert ("quota" in why) == (expected is not None)
+
+
+@pytest.mark.parametrize("files, expected, where", [
+    ({"proc/meminfo": "MemTotal: 100 kB\nMemAvailable:    2048 kB\n"}, 2 << 20, "MemAvailable"),
+    ({"proc/meminfo": "MemAvailable: 4096 kB\n", "proc/self/cgroup": "0::/job\n",
+      "cgroup/job/memory.max": str(3 << 20), "cgroup/job/memory.current": str(2 << 20),
+      "cgroup/job/memory.stat": f"anon 5\ninactive_file {1 << 20}\n"}, 2 << 20, "cgroup"),  # reclaimable counted free
+    ({"proc/meminfo": "MemAvailable: 4096 kB\n", "proc/self/cgroup": "0::/\n", "cgroup/memory.max": "max\n",
+      "cgroup/memory.current": "5\n"}, 4 << 20, "MemAvailable"),
+    ({"proc/meminfo": "MemAvailable: 4096 kB\n", "proc/self/cgroup": "5:memory:/box\n",
+      "cgroup/memory/box/memory.limit_in_bytes": str(1 << 20), "cgroup/memory/box/memory.usage_in_bytes": "0"},
+     1 << 20, "cgroup"),  # v1
+    ({}, None, "MemAvailable"),
+])
+def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                  files: dict[str, str], expected: int | None,
+                                                                  where: str) -> None:
+    _fake_host(monkeypatch, tmp_path, files)
+    available, why = workers.available_memory()
+    assert available == expected and where in why
+
+
+# --------------------------------------------------------------------------- same output, same verdict
+
+
+@pytest.mark.parametrize("kind", [SOURCE_MXFP4, SOURCE_BF16, SOURCE_COMPRESSED_TENSORS])
+def test_two_workers_write_the_same_bytes_as_one(sources: dict[str, Path], tmp_path: Path, kind: str) -> None:
+    one = convert(sources[kind], tmp_path / "one", max_shard_size="40KB", progress=False, workers=1)
+    two = convert(sources[kind], tmp_path / "two", max_shard_size="40KB", progress=False, workers=4)
+    assert "2 processes" in two.workers and "in this process" in one.workers
+    assert two.peak_rss_per_process > 0
+    digests = tree_digest(tmp_path / "one")
+    assert digests == tree_digest(tmp_path / "two")  # shards, index (metadata included), config
+    assert len([name for name in digests if name.endswith(".safetensors")]) > 2
+    assert one.experts == two.experts and (one.bytes_written, one.fp8_bytes) == (two.bytes_written, two.fp8_bytes)
+
+
+def _poke(out: Path, name: str, data: bytes, at: int) -> None:
+    from nxdi_gptoss_fp8.safetensors_header import read_header
+
+    index = json.loads((out / fmt.INDEX_FILE).read_text())
+    shard = out / index["weight_map"][name]
+    header = read_header(shard)
+    with open(shard, "r+b") as handle:
+        handle.seek(header.data_offset + header.tensors[name].begin + at)
+        handle.write(data)
+
+
+def test_two_workers_give_the_same_verdict_as_one(sources: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    convert(sources[SOURCE_BF16], out, progress=False, workers=1)
+    clean = [verify_conversion(out, sources[SOURCE_BF16], workers=count).to_dict() for count in (1, 4)]
+    assert clean[0] == clean[1] and clean[0]["ok"]
+    for layer in (0, 3, 2):
+        _poke(out, f"layers.{layer}.{fmt.DOWN}.weight", b"\x7f", 17 + layer)  # NaN
+        _poke(out, f"layers.{layer}.self_attn.learned_sinks.sink", b"\x01", 0)
+    broken = [verify_conversion(out, sources[SOURCE_BF16], workers=count) for count in (1, 4)]
+    assert broken[0].to_dict() == broken[1].to_dict()
+    assert not broken[1].ok and len(broken[1].problems) == 6
+    assert [row.layer for row in broken[1].rows] == ["global", "0", "1", "2", "3"]
+
+
+# --------------------------------------------------------------------------- failures
+
+
+FAULTY = """
+    import multiprocessing, os, signal, sys, time
+    from nxdi_gptoss_fp8.convert import hf_mxfp4
+    from nxdi_gptoss_fp8.errors import ConversionError
+
+    real = hf_mxfp4._projection
+
+    def faulty(reader, layer, *args, **kwargs):
+        if layer == 2 and multiprocessing.parent_process() is not None:  # only in a worker process
+            mode = os.environ["FAULT"]
+            if mode == "raise":
+                raise ConversionError("model.layers.2.mlp.experts.gate_up_proj_scales[0]: injected fault")
+            if mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(120)
+        return real(reader, layer, *args, **kwargs)
+
+    hf_mxfp4._projection = faulty  # runs in every spawned worker too: they import this file as __mp_main__
+
+    if __name__ == "__main__":
+        from nxdi_gptoss_fp8.cli import main
+        sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _faulty_run(tmp_path: Path, source: Path, fault: str) -> subprocess.Popen[str]:
+    script = tmp_path / "faulty.py"
+    script.write_text(textwrap.dedent(FAULTY))
+    env = {**os.environ, "FAULT": fault,
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, str(script), "convert", str(source), str(tmp_path / "run" / "out"),
+                             "--workers", "4"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _session_processes(session: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[3]) == session and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _gone(session: int) -> bool:
+    deadline = time.monotonic() + 10
+    while _session_processes(session) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _session_processes(session)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("fault, message", [
+    ("raise", "gate_up_proj_scales[0]: injected fault"),
+    ("kill", "a worker process ended abruptly"),
+])
+def test_a_failure_in_a_worker_leaves_nothing_and_says_one_line(sources: dict[str, Path], tmp_path: Path,
+                                                                fault: str, message: str) -> None:
+    (tmp_path / "run").mkdir()
+    run = _faulty_run(tmp_path, sources[SOURCE_MXFP4], fault)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 2, err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert list((tmp_path / "run").iterdir()) == []  # no OUT, no hidden partial directory
+    assert _gone(run.pid), "worker processes outlived the run"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_ends_the_workers_and_leaves_nothing(sources: dict[str, Path], tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    run = _faulty_run(tmp_path, sources[SOURCE_MXFP4], "sleep")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_session_processes(run.pid)) < 3:  # this run and its 2 workers
+        time.sleep(0.1)
+    time.sleep(1.0)  # layer 2's worker is asleep, the others are done
+    assert list((tmp_path / "run").iterdir()), "the partial directory exists while converting"
+    os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130 and "interrupted" in err, err
+    assert list((tmp_path / "run").iterdir()) == []
+    assert _gone(run.pid), "worker processes outlived the run"
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+@pytest.mark.parametrize("command", ["convert", "verify-conversion"])
+@pytest.mark.parametrize("value", ["0", "-3", str(MAX_WORKERS + 1)])
+def test_cli_refuses_a_bad_worker_count(sources: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        command: str, value: str) -> None:
+    source = str(sources[SOURCE_MXFP4])
+    argv = [command, source, str(tmp_path / "out")] if command == "convert" else \
+        [command, source, "--source", source]
+    assert main([*argv, "--workers", value]) == 2
+    err = capsys.readouterr().err
+    assert f"--workers must be an integer from 1 to {MAX_WORKERS}, not {value}" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_convert_and_verify_with_workers(sources: dict[str, Path], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "out")
+    assert main(["convert", str(sources[SOURCE_MXFP4]), out, "--workers", "4"]) == 0
+    shown = capsys.readouterr().out
+    assert "4 workers (2 processes × 2 lanes" in shown and "measured peak RSS per process" in shown
+    assert main(["verify-conversion", out, "--source", str(sources[SOURCE_MXFP4]), "--workers", "4"]) == 0
+    assert "OK: every value within its bound" in capsys.readouterr().out
+
+
+def test_library_refuses_a_bad_worker_count(sources: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(ConversionError, match="workers must be"):
+        convert(sources[SOURCE_MXFP4], tmp_path / "out", progress=False, workers=0)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_script_without_a_main_guard_is_told_and_leaves_nothing(sources: dict[str, Path], tmp_path: Path) -> None:
+    """Spawned workers re-import the main script: an unguarded convert() call must stop there
+    before it writes anything, and the run must say what to do."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"from nxdi_gptoss_fp8.convert import convert\n"
+                      f"convert({str(sources[SOURCE_MXFP4])!r}, {str(tmp_path / 'run' / 'out')!r}, progress=False, "
+                      "workers=4)\n")
+    (tmp_path / "run").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 1
+    assert 'under `if __name__ == "__main__":`' in done.stderr.splitlines()[-1]
+    assert list((tmp_path / "run").iterdir()) == []
