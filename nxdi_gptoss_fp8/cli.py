@@ -76,7 +76,7 @@ def _allow_custom(args: argparse.Namespace) -> bool:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     _checkpoint_dir(args.path)
-    from .recognize import compiled_model_dir
+    from .recognize import PRESHARDED, compiled_model_dir
 
     compiled = compiled_model_dir(args.path)
     if compiled is not None:
@@ -92,8 +92,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         deep=args.deep,
         verify_checksums=args.verify_checksums,
     )
-    # another kind of checkpoint (HF, compressed-tensors, legacy): inspect's one-line verdict and action first
+    # another kind of checkpoint (HF, compressed-tensors, legacy), or pre-sharded weights copied
+    # without their compiled directory: inspect's one-line verdict and action first
     recognition = foreign_recognition(report.view) if not report.ok and report.view is not None else None
+    if recognition is None and not report.ok and report.view is not None and report.view.recognition is not None \
+            and report.view.recognition.kind == PRESHARDED:
+        recognition = report.view.recognition
     hint = recognition.hint() if recognition is not None else None
     if args.json:
         print(json.dumps({**report.to_dict(), "hint": hint}, indent=2))

@@ -279,6 +279,25 @@ def test_validate_of_another_kind_leads_with_inspects_verdict(tmp_path: Path, ca
     assert document["hint"] == first and document["ok"] is False
 
 
+def test_validate_of_a_partial_copy_of_a_compiled_directory_says_so(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """weights/ copied without neuron_config.json: the recognizer's verdict (copy the whole compiled
+    directory) comes first, not only "index missing, copy the HF config"."""
+    from safetensors.torch import save_file
+
+    (tmp_path / "weights").mkdir()
+    for rank in range(2):
+        save_file({"x": torch.zeros(2)}, str(tmp_path / "weights" / f"tp{rank}_sharded_checkpoint.safetensors"))
+    inspected = json.loads(run(["inspect", str(tmp_path), "--json"], capsys)[1])
+    assert inspected["recognized"]["kind"] == "nxdi-presharded"
+    code, out, _ = run(["validate", str(tmp_path)], capsys)
+    first = out.splitlines()[0]
+    assert code == 1 and first.startswith(f"{tmp_path} is {inspected['recognized']['title']}: ")
+    assert "copy the whole directory" in first
+    document = json.loads(run(["validate", str(tmp_path), "--json"], capsys)[1])
+    assert document["hint"] == first and document["ok"] is False
+
+
 def test_a_damaged_shard_is_one_line(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
     shard = sorted(tiny_checkpoint.glob("*.safetensors"))[0]
     data = bytearray(shard.read_bytes())
