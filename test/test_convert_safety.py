@@ -198,6 +198,27 @@ def test_a_config_claiming_more_than_the_files_hold_is_refused_before_any_planni
         verify_conversion(tmp_path / "out", src)
 
 
+@pytest.mark.parametrize(("changes", "code"), [
+    ({"rms_norm_eps": 1e-6}, "hard_coded_mismatch"),
+    ({"tie_word_embeddings": True}, "hard_coded_mismatch"),
+    ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types_mismatch"),
+    ({"rope_scaling": None}, "bad_rope"),
+])
+def test_a_source_config_the_output_could_not_pass_validate_with_is_refused(
+        sources: dict[str, Path], tmp_path: Path, changes: dict[str, Any], code: str) -> None:
+    """A source config NxDI would compute differently from is refused in the plan (dry run and
+    real run alike), not converted into an output that ``validate`` rejects."""
+    src = copy_source(sources, SOURCE_MXFP4, tmp_path)
+    edit_config(src, **changes)
+    field = next(iter(changes))
+    with pytest.raises(ConversionError, match=f"{field}.*{code}|{code}.*{field}") as refused:
+        plan(src, tmp_path / "out")
+    assert "validate" in str(refused.value)
+    with pytest.raises(ConversionError):
+        convert(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() and not hidden_leftovers(tmp_path)
+
+
 # --------------------------------------------------------------------------- numeric options
 
 
