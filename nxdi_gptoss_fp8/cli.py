@@ -355,6 +355,17 @@ def _interrupted_text(exc: BaseException) -> str:
     return f"interrupted ({signal.Signals(signum).name}): nothing was written, the partial output was removed"
 
 
+def _terminated(args: argparse.Namespace, exc: _Terminated, line: str) -> int:
+    """SIGTERM or SIGHUP: one line on stderr and, with ``--json``, the error as JSON on stdout (as
+    for Ctrl-C); exit 128 + the signal number."""
+    code = 128 + exc.signum
+    print(line, file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "command": args.command, "error": _interrupted_text(exc),
+                          "error_type": "Terminated", "exit_code": code}, indent=2))
+    return code
+
+
 def _plan_or_refuse(args: argparse.Namespace, plan: Any) -> None:
     """``--dry-run`` prints the plan (and stops the command); a real run refuses a plan that does not fit."""
     if args.dry_run:
@@ -393,9 +404,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         print(json.dumps(shown.plan.to_dict(), indent=2) if args.json else shown.plan.render_text())
         return EXIT_OK if shown.plan.ok else EXIT_FINDINGS
     except _Terminated as exc:
-        print(f"nxdi-gptoss-fp8 convert: {_interrupted_text(exc)}", file=sys.stderr)
-        return 128 + exc.signum
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
+        return _terminated(args, exc, f"nxdi-gptoss-fp8 convert: {_interrupted_text(exc)}")
+    print(json.dumps({"ok": True, **report.to_dict()}, indent=2) if args.json else report.render_text())
     return EXIT_OK
 
 
@@ -414,8 +424,7 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
             except ConversionError as exc:
                 raise UsageError(str(exc)) from None
     except _Terminated as exc:
-        print(f"nxdi-gptoss-fp8 verify-conversion: interrupted ({signal.Signals(exc.signum).name})", file=sys.stderr)
-        return 128 + exc.signum
+        return _terminated(args, exc, f"nxdi-gptoss-fp8 verify-conversion: interrupted ({signal.Signals(exc.signum).name})")
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
     return EXIT_OK if report.ok else EXIT_FINDINGS
 

@@ -261,8 +261,10 @@ def test_a_padded_size_within_bounds_but_beyond_the_disk_is_refused_at_once(sour
 # --------------------------------------------------------------------------- signals
 
 
+@pytest.mark.parametrize("as_json", [False, True])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_sigterm_and_sighup_clean_up_like_ctrl_c(sources: dict[str, Path], tmp_path: Path, signum: int) -> None:
+def test_sigterm_and_sighup_clean_up_like_ctrl_c(sources: dict[str, Path], tmp_path: Path, signum: int,
+                                                 as_json: bool) -> None:
     script = textwrap.dedent(f"""
         import sys, time
         from nxdi_gptoss_fp8.convert import hf_mxfp4
@@ -273,7 +275,7 @@ def test_sigterm_and_sighup_clean_up_like_ctrl_c(sources: dict[str, Path], tmp_p
             time.sleep(60)
             return real(*args, **kwargs)
         hf_mxfp4._projection = slow
-        sys.exit(main(["convert", {str(sources[SOURCE_MXFP4])!r}, {str(tmp_path / 'out')!r}]))
+        sys.exit(main(["convert", {str(sources[SOURCE_MXFP4])!r}, {str(tmp_path / 'out')!r}, *{["--json"] if as_json else []!r}]))
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -286,6 +288,10 @@ def test_sigterm_and_sighup_clean_up_like_ctrl_c(sources: dict[str, Path], tmp_p
     assert child.returncode == (130 if signum == signal.SIGINT else 128 + signum), err
     assert len(err.strip().splitlines()) == 1 and "interrupted" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+    if as_json:  # the error as JSON on stdout, whichever signal
+        document = json.loads(_out)
+        assert document["ok"] is False and document["exit_code"] == child.returncode
+        assert "interrupted" in document["error"]
 
 
 # --------------------------------------------------------------------------- where OUT is written
@@ -501,6 +507,14 @@ def test_convert_json_errors_are_json(tmp_path: Path, capsys: pytest.CaptureFixt
     document = json.loads(captured.out)
     assert code == 2 and document["ok"] is False and document["exit_code"] == 2
     assert "has no config.json" in document["error"] and "has no config.json" in captured.err
+
+
+def test_convert_json_success_has_ok(sources: dict[str, Path], tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``ok`` in every --json document of convert: the error, the plan and the report."""
+    code = main(["convert", str(sources[SOURCE_MXFP4]), str(tmp_path / "out"), "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0 and document["ok"] is True and document["tensors"] > 0
 
 
 def test_verify_conversion_json_errors_are_json(sources: dict[str, Path], tmp_path: Path,
