@@ -543,13 +543,15 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
                                "as NxDI saves it): also check that NxDI will run this checkpoint as configured")
     validate.add_argument("--allow-custom-model", action="store_true",
                           help=f"accept model_profile 'custom' (tiny test models); also {fmt.ALLOW_CUSTOM_ENV}=1")
-    validate.add_argument("--headers-only", action="store_true",
-                          help="read no tensor data at all: skip the scale-value check. A partial verdict, never "
-                               "VALID: PARTIAL and exit 3 when what was checked is clean (JSON: ok false, "
-                               "complete false, not_checked)")
-    validate.add_argument("--deep", action="store_true",
-                          help="also read every FP8 expert byte once: values beyond ±240 or NaN, non-zero "
-                               "padding, all-zero experts (reads the whole checkpoint; progress on a terminal)")
+    reads = validate.add_mutually_exclusive_group()  # a deep scan reads the tensor data headers-only skips
+    reads.add_argument("--headers-only", action="store_true",
+                       help="read no tensor data at all: skip the scale-value check. A partial verdict, never "
+                            "VALID: PARTIAL and exit 3 when what was checked is clean (JSON: ok false, "
+                            "complete false, not_checked)")
+    reads.add_argument("--deep", action="store_true",
+                       help="also read every FP8 expert byte once: values beyond ±240 or NaN, non-zero "
+                            "padding, all-zero experts; and every BF16 tensor for ±inf and NaN (reads the whole "
+                            "checkpoint; progress on a terminal)")
     validate.add_argument("--verify-checksums", action="store_true",
                           help="hash every shard (in parallel) against the index's shard_sha256; "
                                "a checkpoint without digests then fails (a compiled directory: every rank file "

@@ -298,6 +298,17 @@ def test_validate_of_a_partial_copy_of_a_compiled_directory_says_so(tmp_path: Pa
     assert document["hint"] == first and document["ok"] is False
 
 
+def test_validate_headers_only_and_deep_contradict(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--headers-only reads no tensor data, --deep reads all of it: a usage error, not a PARTIAL
+    verdict after a full deep scan; --deep's help names the BF16 scan it does."""
+    with pytest.raises(SystemExit) as exited:
+        main(["validate", str(tiny_checkpoint), "--allow-custom-model", "--headers-only", "--deep"])
+    assert exited.value.code == 2 and "not allowed with" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["validate", "--help"])
+    assert "BF16" in " ".join(capsys.readouterr().out.split())
+
+
 def test_a_damaged_shard_is_one_line(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
     shard = sorted(tiny_checkpoint.glob("*.safetensors"))[0]
     data = bytearray(shard.read_bytes())
