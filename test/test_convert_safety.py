@@ -350,6 +350,16 @@ def test_a_read_only_out_is_refused_naming_it_before_the_first_byte(sources: dic
         assert code == 2 and str(out) in err and "Read-only file system" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("target", ["real-out", "/nonexistent/x"])
+def test_out_a_symbolic_link_is_refused_naming_the_link(sources: dict[str, Path], tmp_path: Path,
+                                                        target: str) -> None:
+    (tmp_path / "real-out").mkdir()
+    (tmp_path / "out").symlink_to(target)
+    with pytest.raises(ConversionError, match=f"out is a symbolic link \\(to {target}\\).*pass the directory"):
+        convert(sources[SOURCE_MXFP4], tmp_path / "out", progress=False)
+    assert list((tmp_path / "real-out").iterdir()) == []
+
+
 def test_overwrite_refuses_the_current_directory(sources: dict[str, Path], tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
