@@ -76,7 +76,7 @@ def _allow_custom(args: argparse.Namespace) -> bool:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     _checkpoint_dir(args.path)
-    from .recognize import compiled_model_dir
+    from .recognize import PRESHARDED, compiled_model_dir
 
     compiled = compiled_model_dir(args.path)
     if compiled is not None:
@@ -92,8 +92,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         deep=args.deep,
         verify_checksums=args.verify_checksums,
     )
-    # another kind of checkpoint (HF, compressed-tensors, legacy): inspect's one-line verdict and action first
+    # another kind of checkpoint (HF, compressed-tensors, legacy), or pre-sharded weights copied
+    # without their compiled directory: inspect's one-line verdict and action first
     recognition = foreign_recognition(report.view) if not report.ok and report.view is not None else None
+    if recognition is None and not report.ok and report.view is not None and report.view.recognition is not None \
+            and report.view.recognition.kind == PRESHARDED:
+        recognition = report.view.recognition
     hint = recognition.hint() if recognition is not None else None
     if args.json:
         print(json.dumps({**report.to_dict(), "hint": hint}, indent=2))
@@ -351,6 +355,17 @@ def _interrupted_text(exc: BaseException) -> str:
     return f"interrupted ({signal.Signals(signum).name}): nothing was written, the partial output was removed"
 
 
+def _terminated(args: argparse.Namespace, exc: _Terminated, line: str) -> int:
+    """SIGTERM or SIGHUP: one line on stderr and, with ``--json``, the error as JSON on stdout (as
+    for Ctrl-C); exit 128 + the signal number."""
+    code = 128 + exc.signum
+    print(line, file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "command": args.command, "error": _interrupted_text(exc),
+                          "error_type": "Terminated", "exit_code": code}, indent=2))
+    return code
+
+
 def _plan_or_refuse(args: argparse.Namespace, plan: Any) -> None:
     """``--dry-run`` prints the plan (and stops the command); a real run refuses a plan that does not fit."""
     if args.dry_run:
@@ -390,9 +405,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         print(json.dumps(shown.plan.to_dict(), indent=2) if args.json else shown.plan.render_text())
         return EXIT_OK if shown.plan.ok else EXIT_FINDINGS
     except _Terminated as exc:
-        print(f"nxdi-gptoss-fp8 convert: {_interrupted_text(exc)}", file=sys.stderr)
-        return 128 + exc.signum
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
+        return _terminated(args, exc, f"nxdi-gptoss-fp8 convert: {_interrupted_text(exc)}")
+    print(json.dumps({"ok": True, **report.to_dict()}, indent=2) if args.json else report.render_text())
     return EXIT_OK
 
 
@@ -412,8 +426,7 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
             except ConversionError as exc:
                 raise UsageError(str(exc)) from None
     except _Terminated as exc:
-        print(f"nxdi-gptoss-fp8 verify-conversion: interrupted ({signal.Signals(exc.signum).name})", file=sys.stderr)
-        return 128 + exc.signum
+        return _terminated(args, exc, f"nxdi-gptoss-fp8 verify-conversion: interrupted ({signal.Signals(exc.signum).name})")
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
@@ -551,13 +564,15 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
                                "as NxDI saves it): also check that NxDI will run this checkpoint as configured")
     validate.add_argument("--allow-custom-model", action="store_true",
                           help=f"accept model_profile 'custom' (tiny test models); also {fmt.ALLOW_CUSTOM_ENV}=1")
-    validate.add_argument("--headers-only", action="store_true",
-                          help="read no tensor data at all: skip the scale-value check. A partial verdict, never "
-                               "VALID: PARTIAL and exit 3 when what was checked is clean (JSON: ok false, "
-                               "complete false, not_checked)")
-    validate.add_argument("--deep", action="store_true",
-                          help="also read every FP8 expert byte once: values beyond ±240 or NaN, non-zero "
-                               "padding, all-zero experts (reads the whole checkpoint; progress on a terminal)")
+    reads = validate.add_mutually_exclusive_group()  # a deep scan reads the tensor data headers-only skips
+    reads.add_argument("--headers-only", action="store_true",
+                       help="read no tensor data at all: skip the scale-value check. A partial verdict, never "
+                            "VALID: PARTIAL and exit 3 when what was checked is clean (JSON: ok false, "
+                            "complete false, not_checked)")
+    reads.add_argument("--deep", action="store_true",
+                       help="also read every FP8 expert byte once: values beyond ±240 or NaN, non-zero "
+                            "padding, all-zero experts; and every BF16 tensor for ±inf and NaN (reads the whole "
+                            "checkpoint; progress on a terminal)")
     validate.add_argument("--verify-checksums", action="store_true",
                           help="hash every shard (in parallel) against the index's shard_sha256; "
                                "a checkpoint without digests then fails (a compiled directory: every rank file "

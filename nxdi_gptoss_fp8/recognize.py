@@ -480,6 +480,11 @@ def _compiled_artifacts(rec: Recognition, reader: _Reader, entries: Mapping[str,
             sharded = []
     if not compiled and not ranks and not sharded:
         return
+    if ranks and rec.kind != UNKNOWN and not any(name in entries for name in (fmt.INDEX_FILE, SINGLE_FILE, fmt.CONFIG_FILE)):
+        # only rank files, holding NxDI's own namespace: pre-sharded weights, not a checkpoint
+        rec.kind, rec.checkpoint_format, rec.format_version = UNKNOWN, None, None
+        rec.evidence.clear()
+        rec.actions.clear()
     if rec.kind != UNKNOWN:  # a checkpoint with compiled artifacts mixed in: the checkpoint wins
         rec.notes.append(f"also holds NxDI compile output ({NEURON_CONFIG_FILE if compiled else 'tpN_sharded_checkpoint files'})")
         return

@@ -31,6 +31,7 @@ from typing import Any
 from . import format as fmt
 from .errors import ConversionError
 from .files import open_regular
+from .findings import printable
 from .hashing import hash_files
 from .progress import Progress
 from .units import format_bytes
@@ -149,11 +150,20 @@ def as_bytes(data: Any) -> memoryview:
     return memoryview(data).cast("B")
 
 
+def _not_a_directory(out: str) -> str:
+    """Why ``out`` cannot be written inside: a file, or a symbolic link (never followed)."""
+    if os.path.islink(out):
+        target = printable(os.readlink(out))
+        return (f"{out} is a symbolic link (to {target}), which is never followed: pass the directory "
+                "it points to, or choose another output path")
+    return f"{out} exists and is not a directory: choose another output path"
+
+
 def prepare_output(out: str, *, overwrite: bool) -> None:
     """Refuse a non-empty ``out`` unless ``overwrite``; never touch it otherwise."""
     if os.path.lexists(out):
         if not os.path.isdir(out) or os.path.islink(out):
-            raise ConversionError(f"{out} exists and is not a directory: choose another output path")
+            raise ConversionError(_not_a_directory(out))
         if os.listdir(out) and not overwrite:
             raise ConversionError(f"{out} is not empty: pass --overwrite to replace it, or choose another output path")
 
@@ -230,7 +240,7 @@ def output_target(out: str, *, overwrite: bool, extra_names: Iterable[str] = ())
     if not os.path.lexists(out):
         return OutputTarget(out, inside=False)
     if not os.path.isdir(out) or os.path.islink(out):
-        raise ConversionError(f"{out} exists and is not a directory: choose another output path")
+        raise ConversionError(_not_a_directory(out))
     try:
         entries = sorted(name for name in os.listdir(out) if not _is_our_hidden(name, out))
     except OSError as exc:

@@ -107,6 +107,9 @@ def test_a_source_readme_given_as_an_extra_file_is_not_copied(source: Path, tmp_
     ("no front matter\n", {"license": "apache-2.0"}, "apache-2.0"),
     ("---\nlicense: apache-2.0\nbase_model: evil\n---\n", {}, "apache-2.0"),
     ("---\nlicense: \"a b: c\"\n---\n", {"license": "x\ny"}, None),  # not a plain id: left out
+    ("---\nlicense: null\n---\n", {}, None),  # YAML's null, not a license named "null"
+    ("---\nlicense: Null\n---\n", {"license": "mit"}, "mit"),
+    ("---\nlicense: false\n---\n", {}, None),  # a YAML boolean
     (None, {}, None),
 ])
 def test_source_license(tmp_path: Path, card_text: str | None, config: dict[str, Any], expected: str | None) -> None:

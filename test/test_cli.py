@@ -279,6 +279,36 @@ def test_validate_of_another_kind_leads_with_inspects_verdict(tmp_path: Path, ca
     assert document["hint"] == first and document["ok"] is False
 
 
+def test_validate_of_a_partial_copy_of_a_compiled_directory_says_so(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """weights/ copied without neuron_config.json: the recognizer's verdict (copy the whole compiled
+    directory) comes first, not only "index missing, copy the HF config"."""
+    from safetensors.torch import save_file
+
+    (tmp_path / "weights").mkdir()
+    for rank in range(2):
+        save_file({"x": torch.zeros(2)}, str(tmp_path / "weights" / f"tp{rank}_sharded_checkpoint.safetensors"))
+    inspected = json.loads(run(["inspect", str(tmp_path), "--json"], capsys)[1])
+    assert inspected["recognized"]["kind"] == "nxdi-presharded"
+    code, out, _ = run(["validate", str(tmp_path)], capsys)
+    first = out.splitlines()[0]
+    assert code == 1 and first.startswith(f"{tmp_path} is {inspected['recognized']['title']}: ")
+    assert "copy the whole directory" in first
+    document = json.loads(run(["validate", str(tmp_path), "--json"], capsys)[1])
+    assert document["hint"] == first and document["ok"] is False
+
+
+def test_validate_headers_only_and_deep_contradict(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--headers-only reads no tensor data, --deep reads all of it: a usage error, not a PARTIAL
+    verdict after a full deep scan; --deep's help names the BF16 scan it does."""
+    with pytest.raises(SystemExit) as exited:
+        main(["validate", str(tiny_checkpoint), "--allow-custom-model", "--headers-only", "--deep"])
+    assert exited.value.code == 2 and "not allowed with" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["validate", "--help"])
+    assert "BF16" in " ".join(capsys.readouterr().out.split())
+
+
 def test_a_damaged_shard_is_one_line(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
     shard = sorted(tiny_checkpoint.glob("*.safetensors"))[0]
     data = bytearray(shard.read_bytes())

@@ -198,6 +198,27 @@ def test_a_config_claiming_more_than_the_files_hold_is_refused_before_any_planni
         verify_conversion(tmp_path / "out", src)
 
 
+@pytest.mark.parametrize(("changes", "code"), [
+    ({"rms_norm_eps": 1e-6}, "hard_coded_mismatch"),
+    ({"tie_word_embeddings": True}, "hard_coded_mismatch"),
+    ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types_mismatch"),
+    ({"rope_scaling": None}, "bad_rope"),
+])
+def test_a_source_config_the_output_could_not_pass_validate_with_is_refused(
+        sources: dict[str, Path], tmp_path: Path, changes: dict[str, Any], code: str) -> None:
+    """A source config NxDI would compute differently from is refused in the plan (dry run and
+    real run alike), not converted into an output that ``validate`` rejects."""
+    src = copy_source(sources, SOURCE_MXFP4, tmp_path)
+    edit_config(src, **changes)
+    field = next(iter(changes))
+    with pytest.raises(ConversionError, match=f"{field}.*{code}|{code}.*{field}") as refused:
+        plan(src, tmp_path / "out")
+    assert "validate" in str(refused.value)
+    with pytest.raises(ConversionError):
+        convert(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() and not hidden_leftovers(tmp_path)
+
+
 # --------------------------------------------------------------------------- numeric options
 
 
@@ -240,8 +261,10 @@ def test_a_padded_size_within_bounds_but_beyond_the_disk_is_refused_at_once(sour
 # --------------------------------------------------------------------------- signals
 
 
+@pytest.mark.parametrize("as_json", [False, True])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_sigterm_and_sighup_clean_up_like_ctrl_c(sources: dict[str, Path], tmp_path: Path, signum: int) -> None:
+def test_sigterm_and_sighup_clean_up_like_ctrl_c(sources: dict[str, Path], tmp_path: Path, signum: int,
+                                                 as_json: bool) -> None:
     script = textwrap.dedent(f"""
         import sys, time
         from nxdi_gptoss_fp8.convert import hf_mxfp4
@@ -252,7 +275,7 @@ def test_sigterm_and_sighup_clean_up_like_ctrl_c(sources: dict[str, Path], tmp_p
             time.sleep(60)
             return real(*args, **kwargs)
         hf_mxfp4._projection = slow
-        sys.exit(main(["convert", {str(sources[SOURCE_MXFP4])!r}, {str(tmp_path / 'out')!r}]))
+        sys.exit(main(["convert", {str(sources[SOURCE_MXFP4])!r}, {str(tmp_path / 'out')!r}, *{["--json"] if as_json else []!r}]))
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -265,6 +288,10 @@ def test_sigterm_and_sighup_clean_up_like_ctrl_c(sources: dict[str, Path], tmp_p
     assert child.returncode == (130 if signum == signal.SIGINT else 128 + signum), err
     assert len(err.strip().splitlines()) == 1 and "interrupted" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+    if as_json:  # the error as JSON on stdout, whichever signal
+        document = json.loads(_out)
+        assert document["ok"] is False and document["exit_code"] == child.returncode
+        assert "interrupted" in document["error"]
 
 
 # --------------------------------------------------------------------------- where OUT is written
@@ -321,6 +348,16 @@ def test_a_read_only_out_is_refused_naming_it_before_the_first_byte(sources: dic
         code = main(["convert", str(sources[SOURCE_MXFP4]), str(out)])
         err = capsys.readouterr().err
         assert code == 2 and str(out) in err and "Read-only file system" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("target", ["real-out", "/nonexistent/x"])
+def test_out_a_symbolic_link_is_refused_naming_the_link(sources: dict[str, Path], tmp_path: Path,
+                                                        target: str) -> None:
+    (tmp_path / "real-out").mkdir()
+    (tmp_path / "out").symlink_to(target)
+    with pytest.raises(ConversionError, match=f"out is a symbolic link \\(to {target}\\).*pass the directory"):
+        convert(sources[SOURCE_MXFP4], tmp_path / "out", progress=False)
+    assert list((tmp_path / "real-out").iterdir()) == []
 
 
 def test_overwrite_refuses_the_current_directory(sources: dict[str, Path], tmp_path: Path,
@@ -480,6 +517,14 @@ def test_convert_json_errors_are_json(tmp_path: Path, capsys: pytest.CaptureFixt
     document = json.loads(captured.out)
     assert code == 2 and document["ok"] is False and document["exit_code"] == 2
     assert "has no config.json" in document["error"] and "has no config.json" in captured.err
+
+
+def test_convert_json_success_has_ok(sources: dict[str, Path], tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``ok`` in every --json document of convert: the error, the plan and the report."""
+    code = main(["convert", str(sources[SOURCE_MXFP4]), str(tmp_path / "out"), "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0 and document["ok"] is True and document["tensors"] > 0
 
 
 def test_verify_conversion_json_errors_are_json(sources: dict[str, Path], tmp_path: Path,

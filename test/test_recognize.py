@@ -159,6 +159,18 @@ def test_original_set_and_compiled_notes(tmp_path: Path) -> None:
     assert any("CHECKPOINT_FORMAT=normalized_fp8" in action for action in found.actions)
 
 
+def test_the_weights_folder_of_a_compiled_directory_is_presharded_whatever_its_tensor_names(tmp_path: Path) -> None:
+    """NxDI's rank files hold its own namespace (the normalized names): with no index or config
+    beside them they are pre-sharded weights, never "a normalized FP8 checkpoint"."""
+    compiled = make_compiled(tmp_path / "c")
+    for rank in range(2):
+        write_headers(compiled / "weights" / f"tp{rank}_sharded_checkpoint.safetensors",
+                      {"layers.0.feed_forward.moe.expert_mlps.mlp_op.down_proj.scale": ("F32", (2, 4))})
+    found = rz.recognize(compiled / "weights")
+    assert found.kind == rz.PRESHARDED and found.checkpoint_format is None
+    assert any(str(compiled) in action for action in found.actions)
+
+
 def test_normalized_names_without_metadata_and_other_versions(tmp_path: Path, tiny_template: Path) -> None:
     index = json.loads((tiny_template / fmt.INDEX_FILE).read_text())
     bare = write_checkpoint(tmp_path / "bare", {f"layers.0.{fmt.GATE_UP}.weight": ("F8_E4M3", (2, 4, 8))})

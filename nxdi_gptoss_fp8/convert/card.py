@@ -31,6 +31,7 @@ MAX_SOURCE_CARD_BYTES = 1 << 20
 TAGS = ("gpt-oss", "fp8", "neuron", "nxdi", "normalized-fp8", "nxdi-gptoss-fp8")
 PIPELINE_TAG = "text-generation"
 _LICENSE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+_YAML_NON_STRINGS = frozenset({"null", "true", "false"})  # plain scalars YAML reads as null or a boolean
 _FRONT_MATTER_LICENSE = re.compile(r"""^license:\s*(?P<q>["']?)(?P<value>[^"'#\s]+)(?P=q)\s*(?:#.*)?$""")
 SOURCE_FORMATS = {"hf-mxfp4": "HF MXFP4", "hf-bf16": "HF BF16", "compressed-tensors-fp8": "compressed-tensors FP8"}
 
@@ -90,6 +91,8 @@ def source_license(root: str, config: Mapping[str, Any]) -> str | None:
                 break
             match = _FRONT_MATTER_LICENSE.match(line.rstrip())
             if match and _LICENSE.match(match.group("value")):
+                if not match.group("q") and match.group("value").lower() in _YAML_NON_STRINGS:
+                    break  # `license: null` states no license
                 return match.group("value")
     value = config.get("license")
     return value if isinstance(value, str) and _LICENSE.match(value) else None

@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import ConversionError
+from ..nxdi_config import config_field_problems
 from ..progress import Progress
 from ..writer import CheckpointWriter, parse_size
 from .card import write_model_card
@@ -137,8 +138,13 @@ def plan_writer(source_config: Mapping[str, Any], dims: fmt.ModelDims, out: str 
         shard_bytes = parse_size(max_shard_size)
     except ValueError as exc:
         raise ConversionError(f"--max-shard-size: {exc}") from None
+    config = output_config(dict(source_config), dims)
+    refused = [p for p in config_field_problems(config, dims, what="the source's config.json") if not p.warning]
+    if refused:  # the output would fail validate: NxDI would compute another model than the source's
+        raise ConversionError("; ".join(f"{p.message} (config.{p.reason})" for p in refused)
+                              + ": the converted checkpoint would not pass validate; fix the source's config.json")
     return CheckpointWriter(os.path.abspath(os.fspath(out)), layout, fmt.profile_for_dims(dims),
-                            output_config(dict(source_config), dims), max_shard_size=shard_bytes,
+                            config, max_shard_size=shard_bytes,
                             source=source, overwrite=overwrite, extra_files=extra_files)
 
 
