@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .checks import preflight
 from .errors import (
     CheckpointFormatError,
     ConversionError,
@@ -22,8 +21,9 @@ from .errors import (
     ReportBindingError,
     ShardedWeightsError,
 )
-from .findings import CHECKS, Finding, PreflightReport, Severity
 from .format import FORMAT_NAME, FORMAT_VERSION
+from .validate.findings import CHECKS, Finding, PreflightReport, Severity
+from .validate.pipeline import preflight
 
 __version__ = "0.2.0"
 
@@ -57,7 +57,7 @@ def __getattr__(name: str) -> Any:
         "unregister": ("nxdi_hook", "unregister"),
         "is_registered": ("nxdi_hook", "is_registered"),
         "load_state_dict": ("loader", "load_state_dict"),
-        "make_tiny": ("tiny", "make_tiny"),
+        "make_tiny": ("synthetic.tiny", "make_tiny"),
     }
     if name in lazy:
         import importlib

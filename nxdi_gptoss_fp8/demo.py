@@ -12,9 +12,9 @@ import tempfile
 from collections.abc import Callable
 
 from . import format as fmt
-from .checks import preflight
 from .deps import CPU_TORCH, available
-from .findings import PreflightReport
+from .validate.findings import PreflightReport
+from .validate.pipeline import preflight
 
 
 def _truncate_last_shard(path: str) -> str:
@@ -56,7 +56,7 @@ def run_demo(print_: Callable[[str], None] = print, *, workdir: str | None = Non
 
     ``load=None`` loads the valid checkpoint when torch is installed (and says so in one line
     when it is not); False skips that step."""
-    from .tiny_stdlib import make_tiny_stdlib
+    from .synthetic.tiny_stdlib import make_tiny_stdlib
 
     if load is None:
         load = available("torch")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .findings import PreflightReport
-    from .sharded_manifest import ShardedCheck
+    from .validate.findings import PreflightReport
+    from .validate.presharded import ShardedCheck
 
 
 class NxdiGptossFp8Error(Exception):

@@ -23,8 +23,8 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ConversionError, NotRegularFileError
-from .files import not_regular_reason, open_regular
-from .strict_json import JsonError, parse_json_strict
+from .safeio.files import not_regular_reason, open_regular
+from .safeio.strict_json import JsonError, parse_json_strict
 
 # the files beside the weights that NxDI's demo and tokenizers read; copied into the output
 COMPANION_FILES = (

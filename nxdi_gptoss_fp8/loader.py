@@ -38,14 +38,15 @@ from typing import Any
 import torch
 
 from . import format as fmt
-from .binding import Binding, config_fingerprint
-from .checks import CheckpointView, allow_custom_from_env, preflight
 from .errors import FailedReportError, IntegrityError, LoadError, ReportBindingError
-from .findings import PreflightReport
-from .hashing import hash_buffers
-from .integrity import DIGESTS_KEY
 from .nxdi_config import config_attr, neuron_config_view, parse_load_mode, parse_verify_at_load
-from .safetensors_header import PREFIX_SIZE, FileIdentity, SafetensorsHeader
+from .safeio.hashing import hash_buffers
+from .safeio.safetensors_header import PREFIX_SIZE, FileIdentity, SafetensorsHeader
+from .validate.binding import Binding, config_fingerprint
+from .validate.findings import PreflightReport
+from .validate.integrity import DIGESTS_KEY
+from .validate.pipeline import allow_custom_from_env, preflight
+from .validate.view import CheckpointView
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ConfigError, NotRegularFileError
-from .files import open_regular
-from .strict_json import JsonError, parse_json_strict
+from .safeio.files import open_regular
+from .safeio.strict_json import JsonError, parse_json_strict
 
 MAX_DIMENSION = fmt.MAX_DIMENSION
 # NxD's substring rule costs (paths × entries); real configs have a handful of entries

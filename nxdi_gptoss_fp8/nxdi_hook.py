@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import format as fmt
-from .checks import allow_custom_from_env, preflight
 from .errors import CheckpointFormatError, IntegrityError, LoadError, PreflightError, RegistrationError
-from .findings import PreflightReport
+from .validate.findings import PreflightReport
+from .validate.pipeline import allow_custom_from_env, preflight
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ _SHARD_SOURCES: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVa
 
 def _fingerprint_or_none(path: str) -> dict[str, Any] | None:
     """The source fingerprint taken before the preflight (None: unreadable, the preflight says why)."""
-    from .sharded_manifest import source_fingerprint
+    from .validate.presharded import source_fingerprint
 
     try:
         return source_fingerprint(path)
@@ -227,7 +227,7 @@ def _fingerprint_or_none(path: str) -> dict[str, Any] | None:
 
 
 def _record_source(sources: list[Any], path: str, fingerprint: dict[str, Any] | None) -> None:
-    from .sharded_manifest import Source, source_fingerprint
+    from .validate.presharded import Source, source_fingerprint
 
     if os.path.abspath(path) not in (source.path for source in sources):  # once per checkpoint
         sources.append(Source(os.path.abspath(path), fingerprint if fingerprint is not None else source_fingerprint(path)))
@@ -263,7 +263,7 @@ def _wrap_shard_weights(func: Callable[..., Any]) -> Callable[..., Any]:
             compiled = os.fspath(signature.bind(self, *args, **kwargs).arguments["compiled_model_path"])
         except (TypeError, KeyError):
             return func(self, *args, **kwargs)  # let NxDI raise the caller's TypeError
-        from .sharded_manifest import Source, remove_manifest, source_fingerprint, write_manifest
+        from .validate.presharded import Source, remove_manifest, source_fingerprint, write_manifest
 
         if _writes_shards(self.neuron_config) and remove_manifest(compiled):
             logger.info("removed the manifest of the earlier pre-sharded weights in %s before re-sharding", compiled)
@@ -299,7 +299,7 @@ def _wrap_load_weights(func: Callable[..., Any]) -> Callable[..., Any]:
         except TypeError:
             return func(self, *args, **kwargs)
         from .loader import LoadPolicy
-        from .sharded_manifest import changed_since, check_presharded, refusal
+        from .validate.presharded import changed_since, check_presharded, refusal
 
         compiled = os.fspath(arguments["compiled_model_path"])
         ranks = _ranks(self.neuron_config, arguments.get("start_rank_id"), arguments.get("local_ranks_size"))

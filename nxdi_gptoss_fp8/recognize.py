@@ -27,9 +27,9 @@ from typing import Any
 
 from . import format as fmt
 from .errors import NotRegularFileError
-from .files import file_kind, not_regular_reason, open_regular
-from .safetensors_header import HeaderError, read_header
-from .strict_json import JsonError, parse_json_strict
+from .safeio.files import file_kind, not_regular_reason, open_regular
+from .safeio.safetensors_header import HeaderError, read_header
+from .safeio.strict_json import JsonError, parse_json_strict
 
 MAX_ENTRIES = 10_000
 MAX_HEADERS = 4

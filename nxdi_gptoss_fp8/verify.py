@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from . import format as fmt
-from .checks import preflight
 from .convert import (
     SOURCE_BF16,
     SOURCE_COMPRESSED_TENSORS,
@@ -41,13 +40,14 @@ from .convert import (
     open_source,
     source_kind,
 )
+from .convert.fp8 import FP8_DTYPE, fp8_values
 from .convert.output import single_threaded_torch
 from .convert.source import ExpertRows, read_json
 from .convert.workers import LayerPool, peak_rss, plan_workers, refuse_in_worker_start
 from .errors import ConversionError
 from .hub import is_repo_id
 from .progress import Progress
-from .quant import FP8_DTYPE, fp8_values
+from .validate.pipeline import preflight
 
 BOUND_TEXT = (
     "exact wherever source/scale is an E4M3 value within ±240; otherwise "

@@ -30,11 +30,11 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ConversionError
-from .files import open_regular
-from .findings import printable
-from .hashing import hash_files
 from .progress import Progress
+from .safeio.files import open_regular
+from .safeio.hashing import hash_files
 from .units import format_bytes
+from .validate.findings import printable
 
 logger = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ def _child(path: str) -> dict[str, Any]:
 
 
 def _metadata_bytes(path: str) -> int:
-    from nxdi_gptoss_fp8.safetensors_header import read_header
+    from nxdi_gptoss_fp8.safeio.safetensors_header import read_header
 
     total = sum(os.path.getsize(os.path.join(path, name)) for name in ("config.json", "model.safetensors.index.json"))
     for name in os.listdir(path):
@@ -70,7 +70,7 @@ def _metadata_bytes(path: str) -> int:
 
 
 def _tiny(path: str) -> str:
-    from nxdi_gptoss_fp8.tiny import make_tiny
+    from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
 
     return make_tiny(path)
 

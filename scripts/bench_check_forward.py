@@ -35,7 +35,7 @@ GIB = 1 << 30
 CHILD = """
 import json, sys, time
 started = time.perf_counter()
-from nxdi_gptoss_fp8.forward_check import check_forward
+from nxdi_gptoss_fp8.forward.check import check_forward
 report = check_forward(sys.argv[1], sys.argv[2], layers=int(sys.argv[3]), allow_custom_model=True)
 with open("/proc/self/status") as handle:
     peak = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM:"))
@@ -49,7 +49,7 @@ def child_env() -> dict[str, str]:
     """This tree first; with NXDI_SRC/NXD_SRC, the test-only Neuron stand-ins too."""
     paths = [ROOT]
     if os.environ.get("NXDI_SRC") and os.environ.get("NXD_SRC"):
-        paths.insert(0, os.path.join(ROOT, "test", "nxdi_standin", "cpu_site"))
+        paths.insert(0, os.path.join(ROOT, "test", "support", "nxdi_standin", "cpu_site"))
     return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), NXD_LOG_LEVEL="warning")
 
 
@@ -73,7 +73,7 @@ def main() -> int:
         return 2
 
     from nxdi_gptoss_fp8.convert import convert
-    from nxdi_gptoss_fp8.synthetic import SOURCE_MXFP4, make_source
+    from nxdi_gptoss_fp8.synthetic.sources import SOURCE_MXFP4, make_source
 
     dims = fmt.ModelDims(num_hidden_layers=args.layers, num_local_experts=32, hidden_size=2880, intermediate_size=2880,
                          head_dim=64, num_attention_heads=64, num_key_value_heads=8, vocab_size=args.vocab,

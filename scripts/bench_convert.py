@@ -65,13 +65,13 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-sys.path.insert(0, os.path.join(ROOT, "test"))  # nxdi_standin
+sys.path.insert(0, os.path.join(ROOT, "test", "support"))  # nxdi_standin
 
 import torch  # noqa: E402
 
 from nxdi_gptoss_fp8 import format as fmt  # noqa: E402
 from nxdi_gptoss_fp8.convert import SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, source_specs  # noqa: E402
-from nxdi_gptoss_fp8.synthetic import compressed_tensors_config, quantize_fp8_channel  # noqa: E402
+from nxdi_gptoss_fp8.synthetic.sources import compressed_tensors_config, quantize_fp8_channel  # noqa: E402
 from nxdi_gptoss_fp8.writer import build_header  # noqa: E402
 
 BENCH_VOCAB = 8192
@@ -227,9 +227,9 @@ def _vm_hwm_mb() -> float:
 
 
 def child_convert(src: str, out: str, workers: str = "", forced: str = "") -> dict:
-    from nxdi_gptoss_fp8.checks import preflight
     from nxdi_gptoss_fp8.convert import convert, pipeline
     from nxdi_gptoss_fp8.convert.workers import WorkerPlan
+    from nxdi_gptoss_fp8.validate.pipeline import preflight
     from nxdi_gptoss_fp8.writer import CheckpointWriter
 
     if forced:  # "PROCESSES,LANES": the alternative to the default plan for as many workers

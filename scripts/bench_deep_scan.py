@@ -35,10 +35,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.checks import preflight
-from nxdi_gptoss_fp8.deep_scan import CHUNK_BYTES, deep_scan, scan_targets
-from nxdi_gptoss_fp8.findings import PreflightReport
-from nxdi_gptoss_fp8.integrity import check_digests
+from nxdi_gptoss_fp8.validate.deep_scan import CHUNK_BYTES, deep_scan, scan_targets
+from nxdi_gptoss_fp8.validate.findings import PreflightReport
+from nxdi_gptoss_fp8.validate.integrity import check_digests
+from nxdi_gptoss_fp8.validate.pipeline import preflight
 from nxdi_gptoss_fp8.writer import CheckpointWriter
 
 GB = 1e9

@@ -40,7 +40,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-sys.path.insert(0, os.path.join(ROOT, "test"))  # nxdi_standin
+sys.path.insert(0, os.path.join(ROOT, "test", "support"))  # nxdi_standin
 
 import torch  # noqa: E402
 
@@ -291,7 +291,7 @@ def main() -> int:
     if not os.path.isdir(paths["normalized"]):
         build_normalized(paths["normalized"], dims)
     if have_nxdi:
-        from nxdi_gptoss_fp8.synthetic import (
+        from nxdi_gptoss_fp8.synthetic.sources import (
             PER_LAYER,
             REALISTIC_SCALE_RANGE,
             SOURCE_MXFP4,

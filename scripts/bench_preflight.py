@@ -62,7 +62,7 @@ def _case(case: str, path: str) -> Callable[[], int]:
         from nxdi_gptoss_fp8 import preflight
 
         # isort: split
-        from nxdi_gptoss_fp8 import checks
+        from nxdi_gptoss_fp8.validate import scales as checks
 
         def once() -> int:
             # the scale path: numpy if the process has it loaded (this one has), else stdlib
@@ -88,7 +88,7 @@ def _case(case: str, path: str) -> Callable[[], int]:
         return listing
     from nxdi_gptoss_fp8 import format as fmt
     from nxdi_gptoss_fp8 import preflight
-    from nxdi_gptoss_fp8.checks import SCALE_CHUNK_BYTES
+    from nxdi_gptoss_fp8.validate.scales import SCALE_CHUNK_BYTES
 
     view = preflight(path, read_scales=False).view  # where the scales are (not timed)
     places = []

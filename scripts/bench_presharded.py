@@ -42,8 +42,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nxdi_gptoss_fp8 import sharded_manifest as sm  # noqa: E402
 from nxdi_gptoss_fp8.units import format_bytes, format_duration  # noqa: E402
+from nxdi_gptoss_fp8.validate import presharded as sm  # noqa: E402
 
 TP = 64
 DTYPE_BYTES = {"BF16": 2, "F32": 4, "F8_E4M3": 1, "I32": 4}

@@ -1,6 +1,6 @@
 """Long fuzz campaigns against the header reader, the index parser and the whole preflight.
 
-Targets (the invariants are in ``test/fuzz_targets.py``):
+Targets (the invariants are in ``test/support/fuzz_targets.py``):
 
 - ``header``: one shard file of a small valid checkpoint, mutated, through ``read_header``;
 - ``index``: ``model.safetensors.index.json`` mutated, through the whole preflight;
@@ -30,7 +30,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "test"))
+sys.path.insert(0, str(ROOT / "test" / "support"))
 
 TARGETS = ("header", "index", "preflight")
 # Small documents beside the real files, so short inputs (null, [], {}) are explored from the start.

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from nxdi_gptoss_fp8.tiny import make_tiny
+from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
 
 # the benchmark helpers in scripts/ (e.g. sparse_checkpoint) are importable from tests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+# the test helpers (ckpt_edit, corpus, fuzz_targets, the NxDI stand-in) live in test/support/
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 settings.register_profile(
     "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]

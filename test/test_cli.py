@@ -26,6 +26,7 @@ from ckpt_edit import (
 from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
+from nxdi_gptoss_fp8.cli import validate as cli_validate
 from nxdi_gptoss_fp8.units import format_bytes
 
 GOOD_NC = {
@@ -240,7 +241,7 @@ def test_plurals_in_the_verdict(tiny_checkpoint: Path, capsys: pytest.CaptureFix
 
 
 def test_an_hf_checkpoint_is_summarized_and_all_lists_everything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from nxdi_gptoss_fp8.synthetic import SOURCE_MXFP4, make_source
+    from nxdi_gptoss_fp8.synthetic.sources import SOURCE_MXFP4, make_source
 
     src = make_source(tmp_path / "hf", SOURCE_MXFP4)
     _, summarized, _ = run(["validate", str(src)], capsys)
@@ -259,7 +260,7 @@ def test_validate_of_another_kind_leads_with_inspects_verdict(tmp_path: Path, ca
                                                              kind: str) -> None:
     """The first line is the recognizer's verdict and action; no finding advises NxDI's HF converter
     for a checkpoint it cannot load (HF BF16, compressed-tensors)."""
-    from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, SOURCE_MXFP4, make_compressed_tensors_source, make_source
+    from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_MXFP4, make_compressed_tensors_source, make_source
 
     src = tmp_path / "src"
     if kind == "compressed-tensors-fp8":
@@ -361,7 +362,7 @@ def test_inspect_of_an_invalid_checkpoint_prints_the_first_findings(
 
 
 def test_inspect_any_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from nxdi_gptoss_fp8.synthetic import make_source
+    from nxdi_gptoss_fp8.synthetic.sources import make_source
 
     source = make_source(tmp_path / "hf")
     code, out, err = run(["inspect", str(source)], capsys)
@@ -475,7 +476,7 @@ def test_what_make_tiny_prints_is_true(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_make_tiny_of_a_published_profile_needs_no_opt_in(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from nxdi_gptoss_fp8 import tiny_stdlib
+    from nxdi_gptoss_fp8.synthetic import tiny_stdlib
 
     published = fmt.PROFILES[fmt.PROFILE_20B]
     assert tiny_stdlib.size_problems(fmt.Layout.unpadded(published))  # far from tiny: refused first
@@ -501,7 +502,7 @@ def test_make_tiny_ct_fp8_source_is_recognized_and_converts(tmp_path: Path, caps
 @pytest.mark.parametrize("kind", ["hf-mxfp4", "unknown", "normalized-invalid", "normalized-valid"])
 def test_inspect_json_ok_means_what_validate_json_ok_means(tmp_path: Path, tiny_checkpoint: Path,
                                                             capsys: pytest.CaptureFixture[str], kind: str) -> None:
-    from nxdi_gptoss_fp8.synthetic import make_source
+    from nxdi_gptoss_fp8.synthetic.sources import make_source
 
     if kind == "hf-mxfp4":
         path = make_source(tmp_path / "hf")
@@ -592,9 +593,9 @@ def test_an_optional_module_missing_deep_inside_a_command_is_one_line(
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return handler
 
-    monkeypatch.setattr(cli, "_cmd_inspect", needs("safetensors"))
+    monkeypatch.setattr(cli_validate, "_cmd_inspect", needs("safetensors"))
     code, out, err = run(["inspect", str(tiny_template)], capsys)
     assert code == 2 and out == "" and err.startswith("nxdi-gptoss-fp8 inspect: needs safetensors, which is not installed")
-    monkeypatch.setattr(cli, "_cmd_inspect", needs("no_such_helper"))  # our own bug: not hidden
+    monkeypatch.setattr(cli_validate, "_cmd_inspect", needs("no_such_helper"))  # our own bug: not hidden
     with pytest.raises(ModuleNotFoundError):
         main(["inspect", str(tiny_template)])

@@ -16,12 +16,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8 import mxfp4
-from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.cli import main
-from nxdi_gptoss_fp8.convert import convert, hf_mxfp4, non_expert_names
+from nxdi_gptoss_fp8.convert import convert, mxfp4, non_expert_names
+from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
 from nxdi_gptoss_fp8.errors import ConversionError
-from nxdi_gptoss_fp8.synthetic import (
+from nxdi_gptoss_fp8.synthetic.sources import (
     SOURCE_BF16,
     SOURCE_DIMS,
     SOURCE_MXFP4,
@@ -31,7 +30,8 @@ from nxdi_gptoss_fp8.synthetic import (
     source_tensors,
     write_source,
 )
-from nxdi_gptoss_fp8.tiny import make_tiny
+from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
+from nxdi_gptoss_fp8.validate.pipeline import preflight
 
 REPO = Path(__file__).resolve().parent.parent
 PADDINGS = [pytest.param((None, None), id="unpadded"), pytest.param((96, 128), id="padded")]
@@ -422,7 +422,7 @@ def test_a_killed_conversion_leaves_no_valid_output(mxfp4_source: Path, tmp_path
     script = textwrap.dedent(f"""
         import os, signal
         from nxdi_gptoss_fp8 import convert as conversion
-        from nxdi_gptoss_fp8.convert import hf_mxfp4
+        from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
         real = hf_mxfp4._projection
         calls = []
         def dying(*args, **kwargs):

@@ -25,12 +25,12 @@ from safetensors.torch import load_file, save_file
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import hub
 from nxdi_gptoss_fp8 import progress as progress_module
-from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import KINDS, SOURCE_COMPRESSED_TENSORS, convert, plan
+from nxdi_gptoss_fp8.convert.fp8 import MIN_NORMAL_SCALE
 from nxdi_gptoss_fp8.errors import ConversionError
-from nxdi_gptoss_fp8.quant import MIN_NORMAL_SCALE
-from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
+from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
+from nxdi_gptoss_fp8.validate.pipeline import preflight
 from nxdi_gptoss_fp8.verify import verify_conversion
 
 REPO = Path(__file__).resolve().parent.parent
@@ -267,7 +267,7 @@ def test_sigterm_and_sighup_clean_up_like_ctrl_c(sources: dict[str, Path], tmp_p
                                                  as_json: bool) -> None:
     script = textwrap.dedent(f"""
         import sys, time
-        from nxdi_gptoss_fp8.convert import hf_mxfp4
+        from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
         from nxdi_gptoss_fp8.cli import main
         real = hf_mxfp4._projection
         def slow(*args, **kwargs):

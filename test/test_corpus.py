@@ -18,8 +18,8 @@ from corpus import CASES, Bases, Options, corpus
 
 from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.checks import preflight
-from nxdi_gptoss_fp8.findings import CHECKS, Severity
+from nxdi_gptoss_fp8.validate.findings import CHECKS, Severity
+from nxdi_gptoss_fp8.validate.pipeline import preflight
 
 REPO = Path(__file__).resolve().parent.parent
 ERROR_CASES = [entry for entry in CASES if not entry.warning]
@@ -82,7 +82,7 @@ def test_scale_values_are_judged_alike_with_and_without_numpy(
     path report the same findings, to the message."""
     import numpy
 
-    from nxdi_gptoss_fp8 import checks
+    from nxdi_gptoss_fp8.validate import scales as checks
 
     path, options = built(name)
     reports = {}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.findings import CHECKS
+from nxdi_gptoss_fp8.validate.findings import CHECKS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -26,7 +26,7 @@ def section_code(text: str, heading: str, language: str) -> str:
 
 
 def test_the_from_python_example_runs_as_pasted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nxdi_gptoss_fp8.tiny import make_tiny
+    from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
 
     snippet = section_code(README, "### From Python", "python")
     assert "nxdi-gptoss-fp8 make-tiny tiny-fp8" in README[README.index("### From Python"):]

@@ -15,8 +15,8 @@ import pytest
 import torch
 from ckpt_edit import edit_config
 
-from nxdi_gptoss_fp8 import cpu_model
-from nxdi_gptoss_fp8 import forward_metrics as fm
+from nxdi_gptoss_fp8.forward import cpu_model
+from nxdi_gptoss_fp8.forward import metrics as fm
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.checks import preflight
+from nxdi_gptoss_fp8.validate.pipeline import preflight
 
 TIME_LIMIT_S = 5.0
 

@@ -20,10 +20,10 @@ import pytest
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import hub
-from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.errors import ConversionError
-from nxdi_gptoss_fp8.synthetic import make_source
+from nxdi_gptoss_fp8.synthetic.sources import make_source
+from nxdi_gptoss_fp8.validate.pipeline import preflight
 
 REPO = Path(__file__).resolve().parent.parent
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

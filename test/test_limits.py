@@ -27,10 +27,11 @@ from typing import Any
 import pytest
 from corpus import Ckpt
 
-from nxdi_gptoss_fp8 import deep_scan as ds
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.checks import MAX_JSON_FILE_SIZE, preflight
-from nxdi_gptoss_fp8.safetensors_header import MAX_HEADER_SIZE, read_header
+from nxdi_gptoss_fp8.safeio.safetensors_header import MAX_HEADER_SIZE, read_header
+from nxdi_gptoss_fp8.validate import deep_scan as ds
+from nxdi_gptoss_fp8.validate.directory import MAX_JSON_FILE_SIZE
+from nxdi_gptoss_fp8.validate.pipeline import preflight
 
 REPO = Path(__file__).resolve().parent.parent
 MB = 1 << 20
@@ -44,8 +45,8 @@ def measure(body: str, **values: Any) -> dict[str, Any]:
     program = textwrap.dedent("""
         import json, sys, time
         sys.path.insert(0, {repo!r})
-        from nxdi_gptoss_fp8.checks import preflight
-        from nxdi_gptoss_fp8.safetensors_header import read_header, HeaderError
+        from nxdi_gptoss_fp8.validate.pipeline import preflight
+        from nxdi_gptoss_fp8.safeio.safetensors_header import read_header, HeaderError
 
         def status_kb(field):  # this process's own memory (ru_maxrss would include the parent's)
             with open("/proc/self/status") as handle:
@@ -300,7 +301,7 @@ def test_a_huge_claimed_padding_with_a_sparse_giant_scale_is_never_read(tiny_che
 
 
 def test_scales_beyond_the_cap_are_not_read(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nxdi_gptoss_fp8 import checks
+    from nxdi_gptoss_fp8.validate import scales as checks
 
     monkeypatch.setattr(checks, "MAX_SCALE_BYTES", 1000)
     report = preflight(tiny_checkpoint, allow_custom_model=True)

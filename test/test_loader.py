@@ -19,18 +19,18 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 
 import ckpt_edit
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import loader
-from nxdi_gptoss_fp8.binding import CheckedCheckpoint
-from nxdi_gptoss_fp8.checks import preflight
 from nxdi_gptoss_fp8.errors import IntegrityError, LoadError, PreflightError, ReportBindingError
-from nxdi_gptoss_fp8.findings import PreflightReport
-from nxdi_gptoss_fp8.safetensors_header import FileIdentity
-from nxdi_gptoss_fp8.tiny import make_tiny
+from nxdi_gptoss_fp8.safeio.safetensors_header import FileIdentity
+from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
+from nxdi_gptoss_fp8.validate.binding import CheckedCheckpoint
+from nxdi_gptoss_fp8.validate.findings import PreflightReport
+from nxdi_gptoss_fp8.validate.pipeline import preflight
 
 MIB = 1 << 20
 

@@ -22,7 +22,7 @@ from nxdi_gptoss_fp8.nxdi_config import (
     neuron_config_problems,
     unknown_key_problems,
 )
-from nxdi_gptoss_fp8.tiny import TINY_DIMS
+from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
 
 GOOD: dict[str, Any] = {
     "quantized": True, "quantization_dtype": fmt.QUANTIZATION_DTYPE, "quantization_type": fmt.QUANTIZATION_TYPE,

@@ -27,15 +27,15 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 
 from nxdi_standin import neuron_stubs
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import nxdi_hook
 from nxdi_gptoss_fp8.errors import PreflightError
-from nxdi_gptoss_fp8.synthetic import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
-from nxdi_gptoss_fp8.tiny import TINY_DIMS
+from nxdi_gptoss_fp8.synthetic.sources import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
+from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
 
 pytestmark = [pytest.mark.nxdi, pytest.mark.filterwarnings("ignore")]
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 
 import ckpt_edit
 import nxdi_standin
@@ -28,7 +28,7 @@ import nxdi_standin
 from nxdi_gptoss_fp8 import cli, nxdi_hook, vllm_plugin
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.errors import CheckpointFormatError, IntegrityError, LoadError, PreflightError, RegistrationError
-from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, make_source, write_legacy_fp8
+from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, make_source, write_legacy_fp8
 
 REPO = Path(__file__).resolve().parent.parent
 # the stand-in's cast rule, like NxDI's, warns about every float32 scale it leaves alone

@@ -19,16 +19,16 @@ from types import ModuleType
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 
 import presharded_cases as cases
 from nxdi_standin import neuron_stubs
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import nxdi_hook
-from nxdi_gptoss_fp8 import sharded_manifest as sm
-from nxdi_gptoss_fp8.synthetic import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
-from nxdi_gptoss_fp8.tiny import TINY_DIMS
+from nxdi_gptoss_fp8.synthetic.sources import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
+from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
+from nxdi_gptoss_fp8.validate import presharded as sm
 
 pytestmark = [pytest.mark.nxdi, pytest.mark.filterwarnings("ignore")]
 

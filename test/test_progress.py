@@ -85,7 +85,7 @@ def every_update(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_deep_scan_checksums_and_writer_hashing_report_progress_off_a_terminal(
         every_update: None, tiny_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from nxdi_gptoss_fp8 import preflight
-    from nxdi_gptoss_fp8.tiny_stdlib import make_tiny_stdlib
+    from nxdi_gptoss_fp8.synthetic.tiny_stdlib import make_tiny_stdlib
 
     assert preflight(tiny_template, allow_custom_model=True, deep=True, verify_checksums=True).ok
     make_tiny_stdlib(tmp_path / "t")
@@ -96,7 +96,7 @@ def test_deep_scan_checksums_and_writer_hashing_report_progress_off_a_terminal(
 
 def test_hashing_reports_progress_chunk_by_chunk(tmp_path: Path) -> None:
     """A single large shard moves the display while it is hashed, not only when it is done."""
-    from nxdi_gptoss_fp8.hashing import CHUNK, hash_buffers, hash_files
+    from nxdi_gptoss_fp8.safeio.hashing import CHUNK, hash_buffers, hash_files
 
     path = tmp_path / "shard"
     path.write_bytes(bytes(2 * CHUNK + 5))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import recognize as rz
-from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, SOURCE_MXFP4, make_source, write_legacy_fp8
+from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_gptoss_fp8.writer import build_header
 
 CT_FP8_CONFIG = {
@@ -270,7 +270,7 @@ def test_listed_shard_that_is_a_fifo_is_refused(tiny_checkpoint: Path, alarm: No
 
 def test_inspect_of_a_normalized_checkpoint_with_a_fifo_shard_is_invalid(tiny_checkpoint: Path, alarm: None) -> None:
     from nxdi_gptoss_fp8.cli import main
-    from nxdi_gptoss_fp8.summary import inspect_directory
+    from nxdi_gptoss_fp8.inspection import inspect_directory
 
     shard = sorted(tiny_checkpoint.glob("*.safetensors"))[0]
     shard.unlink()

@@ -226,7 +226,7 @@ def test_the_readme_states_the_same_window_and_matrix() -> None:
 
 
 def test_selfcheck_prints_the_same_header(tmp_path: Path) -> None:
-    from nxdi_gptoss_fp8.selfcheck import SelfcheckReport
+    from nxdi_gptoss_fp8.forward.selfcheck import SelfcheckReport
 
     header = support.environment_report(site_with(tmp_path, SDK_229), python_version="3.11.7")
     model = {"layers": 2, "experts": 3, "top_k": 2, "hidden_size": 64, "intermediate_size": 96, "vocab_size": 40,

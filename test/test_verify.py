@@ -10,12 +10,12 @@ import torch
 
 from nxdi_gptoss_fp8 import convert as conversion
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8 import mxfp4
 from nxdi_gptoss_fp8.cli import main
-from nxdi_gptoss_fp8.convert import hf_mxfp4, output
+from nxdi_gptoss_fp8.convert import mxfp4, output
+from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
 from nxdi_gptoss_fp8.errors import ConversionError
-from nxdi_gptoss_fp8.safetensors_header import read_header
-from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
+from nxdi_gptoss_fp8.safeio.safetensors_header import read_header
+from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
 from nxdi_gptoss_fp8.verify import verify_conversion
 
 conversion_place_gate_up = conversion.place_gate_up
@@ -179,7 +179,7 @@ def test_cli_verify_conversion(sources: dict[str, Path], tmp_path: Path, monkeyp
 def test_byte_comparison_doubles_every_byte_within_240() -> None:
     """Stored byte doubled by integer ops == the E4M3 byte of twice its value, for every byte
     whose double E4M3 holds (up to ±224; the source is E4M3 too); a scale that is neither the source's nor twice it leaves the bytes uncompared."""
-    from nxdi_gptoss_fp8.quant import FP8_DTYPE
+    from nxdi_gptoss_fp8.convert.fp8 import FP8_DTYPE
     from nxdi_gptoss_fp8.verify import _byte_mismatches
 
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)

@@ -21,7 +21,13 @@ from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import convert, workers
 from nxdi_gptoss_fp8.convert.workers import MAX_WORKERS, check_workers, plan_workers
 from nxdi_gptoss_fp8.errors import ConversionError
-from nxdi_gptoss_fp8.synthetic import SOURCE_BF16, SOURCE_COMPRESSED_TENSORS, SOURCE_DIMS, SOURCE_MXFP4, make_source
+from nxdi_gptoss_fp8.synthetic.sources import (
+    SOURCE_BF16,
+    SOURCE_COMPRESSED_TENSORS,
+    SOURCE_DIMS,
+    SOURCE_MXFP4,
+    make_source,
+)
 from nxdi_gptoss_fp8.verify import verify_conversion
 
 REPO = Path(__file__).resolve().parent.parent
@@ -149,7 +155,7 @@ def test_two_workers_write_the_same_bytes_as_one(sources: dict[str, Path], tmp_p
 
 
 def _poke(out: Path, name: str, data: bytes, at: int) -> None:
-    from nxdi_gptoss_fp8.safetensors_header import read_header
+    from nxdi_gptoss_fp8.safeio.safetensors_header import read_header
 
     index = json.loads((out / fmt.INDEX_FILE).read_text())
     shard = out / index["weight_map"][name]
@@ -178,7 +184,7 @@ def test_two_workers_give_the_same_verdict_as_one(sources: dict[str, Path], tmp_
 
 FAULTY = """
     import multiprocessing, os, signal, sys, time
-    from nxdi_gptoss_fp8.convert import hf_mxfp4
+    from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
     from nxdi_gptoss_fp8.errors import ConversionError
 
     real = hf_mxfp4._projection

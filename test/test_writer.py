@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 from nxdi_gptoss_fp8 import ConversionError, preflight
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.tiny import TINY_DIMS, make_tiny, tiny_tensors
+from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS, make_tiny, tiny_tensors
 from nxdi_gptoss_fp8.writer import CheckpointWriter, build_header, host_tag, parse_size, plan_shards, stale_partials
 
 
@@ -175,7 +175,7 @@ def _killed_writer(out: Path) -> Path:
     code = (
         "import sys, time\n"
         "from nxdi_gptoss_fp8 import format as fmt\n"
-        "from nxdi_gptoss_fp8.tiny_stdlib import TINY_DIMS\n"
+        "from nxdi_gptoss_fp8.synthetic.tiny_stdlib import TINY_DIMS\n"
         "from nxdi_gptoss_fp8.writer import CheckpointWriter\n"
         "layout = fmt.Layout.unpadded(TINY_DIMS)\n"
         f"with CheckpointWriter({str(out)!r}, layout, 'custom', fmt.hf_config(TINY_DIMS)) as writer:\n"

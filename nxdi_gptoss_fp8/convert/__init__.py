@@ -18,10 +18,10 @@ not grow with the model; the output appears, complete, only when the index is do
 
 from __future__ import annotations
 
-from .compressed_tensors import GATE_UP_SPLITS, SPLIT_HALVES, SPLIT_INTERLEAVED
-from .compressed_tensors import NAME as SOURCE_COMPRESSED_TENSORS
-from .hf_bf16 import NAME as SOURCE_BF16
-from .hf_mxfp4 import NAME as SOURCE_MXFP4
+from .kinds.compressed_tensors import GATE_UP_SPLITS, SPLIT_HALVES, SPLIT_INTERLEAVED
+from .kinds.compressed_tensors import NAME as SOURCE_COMPRESSED_TENSORS
+from .kinds.hf_bf16 import NAME as SOURCE_BF16
+from .kinds.hf_mxfp4 import NAME as SOURCE_MXFP4
 from .layout import chunk_halves, chunk_interleaved, pad_to, place_down, place_gate_up
 from .output import ConversionReport, ExpertStats, output_config
 from .pipeline import KINDS, convert, open_source, plan, plan_from_hub, plan_writer, source_kind, source_specs

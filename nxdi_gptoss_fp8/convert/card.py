@@ -20,8 +20,8 @@ from typing import Any
 from .. import __version__
 from .. import format as fmt
 from ..errors import NotRegularFileError
-from ..files import open_regular
 from ..hub import is_repo_id
+from ..safeio.files import open_regular
 from ..writer import CheckpointWriter
 from .output import ConversionReport
 from .source import Source

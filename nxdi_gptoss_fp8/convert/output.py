@@ -20,10 +20,10 @@ import torch
 
 from .. import format as fmt
 from ..errors import ConversionError
-from ..mxfp4 import Exactness
-from ..quant import FP8_DTYPE, MIN_NORMAL_SCALE
 from ..writer import CheckpointWriter
+from .fp8 import FP8_DTYPE, MIN_NORMAL_SCALE
 from .layout import chunk_interleaved, pad_to
+from .mxfp4 import Exactness
 from .source import SourceReader, expert_source_name
 
 CHUNK_BYTES = 32 << 20

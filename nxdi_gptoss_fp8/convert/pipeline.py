@@ -22,21 +22,13 @@ from ..nxdi_config import config_field_problems
 from ..progress import Progress
 from ..writer import CheckpointWriter, parse_size
 from .card import write_model_card
-from .compressed_tensors import NAME as SOURCE_COMPRESSED_TENSORS
-from .compressed_tensors import CompressedTensorsFp8
-from .hf_bf16 import NAME as SOURCE_BF16
-from .hf_bf16 import HfBf16
-from .hf_mxfp4 import NAME as SOURCE_MXFP4
-from .hf_mxfp4 import HfMxfp4
-from .output import (
-    ConversionReport,
-    ExpertStats,
-    Output,
-    Workspace,
-    copy_padded,
-    output_config,
-    single_threaded_torch,
-)
+from .kinds.compressed_tensors import NAME as SOURCE_COMPRESSED_TENSORS
+from .kinds.compressed_tensors import CompressedTensorsFp8
+from .kinds.hf_bf16 import NAME as SOURCE_BF16
+from .kinds.hf_bf16 import HfBf16
+from .kinds.hf_mxfp4 import NAME as SOURCE_MXFP4
+from .kinds.hf_mxfp4 import HfMxfp4
+from .output import ConversionReport, ExpertStats, Output, Workspace, copy_padded, output_config, single_threaded_torch
 from .plan import ConversionPlan, PlannedFile, local_reads, plan_conversion
 from .source import (
     Source,

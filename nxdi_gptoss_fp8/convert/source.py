@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .. import __version__
 from .. import format as fmt
 from ..errors import ConversionError
-from ..files import not_regular_reason, open_regular
-from ..safetensors_header import HeaderError, TensorInfo, read_header
-from ..strict_json import JsonError, parse_json_strict
+from ..safeio.files import not_regular_reason, open_regular
+from ..safeio.safetensors_header import HeaderError, TensorInfo, read_header
+from ..safeio.strict_json import JsonError, parse_json_strict
 
 if TYPE_CHECKING:
     import torch

@@ -1,0 +1,144 @@
+"""``nxdi-gptoss-fp8``: validate, inspect, make and convert normalized FP8 GPT-OSS checkpoints.
+
+A thin face over the library: each command parses its arguments, calls one library function
+and renders the result. Data goes to stdout, messages to stderr. Exit codes: 0 success /
+valid, 1 findings or a failed check, 2 usage error, unreadable input or a missing optional
+dependency (torch, numpy, NxDI) or a setting that cannot be read. Known errors print one line;
+set NXDI_GPTOSS_FP8_DEBUG=1 for tracebacks. A closed stdout (``| head``) ends the command quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .. import __version__
+from .. import format as fmt
+from ..deps import OPTIONAL, missing
+from ..errors import ConfigError, MissingDependencyError, NxdiGptossFp8Error
+from ..nxdi_config import switch_from_env
+from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, UsageError
+from .convert import add_convert_command, add_verify_conversion_command
+from .env import add_env_command
+from .make import add_demo_command, add_make_tiny_command
+from .nxdi import add_check_forward_command, add_inference_demo_command, add_selfcheck_command
+from .validate import add_inspect_command, add_validate_command
+
+__all__ = ["DEBUG_ENV", "EXIT_BROKEN_PIPE", "EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+
+
+def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "Validate, inspect, make and convert normalized static-FP8 GPT-OSS checkpoints for "
+            "AWS NeuronX Distributed Inference. Validation reads headers only and needs no "
+            "Neuron SDK: run it on any host before you load."
+        ),
+        epilog=("Exit codes: 0 valid/success, 1 findings or failed check, 2 usage error or unreadable input, "
+                "3 partial verdict (validate --headers-only: no errors in what was checked, not everything checked). "
+                f"The format, every check and finding code: {fmt.format_document_ref()}"),
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    add_validate_command(commands)
+    add_inspect_command(commands)
+    add_make_tiny_command(commands)
+    add_demo_command(commands)
+    add_inference_demo_command(commands)
+    add_convert_command(commands)
+    add_verify_conversion_command(commands)
+    add_env_command(commands)
+    add_selfcheck_command(commands)
+    add_check_forward_command(commands)
+    return parser
+
+
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
+
+
+DEBUG_ENV = "NXDI_GPTOSS_FP8_DEBUG"
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "nxdi-gptoss-fp8") -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # names from disk may not be valid UTF-8
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        debug = switch_from_env(DEBUG_ENV, os.environ, "tracebacks")
+    except ConfigError as exc:
+        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    _log_to_stderr()
+    try:
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except UsageError as exc:
+        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (MissingDependencyError, ConfigError) as exc:  # the environment or a setting, not the checkpoint
+        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModuleNotFoundError as exc:  # an optional package that a lazy import needed
+        if debug or (exc.name or "").split(".")[0] not in OPTIONAL:
+            raise
+        print(f"nxdi-gptoss-fp8 {args.command}: {missing(exc.name or '')}", file=sys.stderr)
+        return EXIT_USAGE
+    except NxdiGptossFp8Error as exc:
+        if debug:
+            raise
+        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FINDINGS
+    except OSError as exc:
+        if debug:
+            raise
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"nxdi-gptoss-fp8 {args.command}: cannot access{where}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of the message."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _log_to_stderr() -> None:
+    """The package's warnings (e.g. a removed leftover of an interrupted run) as plain stderr lines."""
+    logger = logging.getLogger("nxdi_gptoss_fp8")
+    if not any(isinstance(handler, _StderrHandler) for handler in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("nxdi-gptoss-fp8: %(message)s"))
+        logger.addHandler(handler)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+
+
+def _silence_stdout() -> None:
+    """After the reader of stdout went away, send what is still buffered nowhere."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass

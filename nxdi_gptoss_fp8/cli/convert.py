@@ -1,0 +1,242 @@
+"""``convert`` and ``verify-conversion`` (need torch; Hub ids through huggingface_hub)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import MissingDependencyError, NxdiGptossFp8Error
+from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError, _add_output_options, _checkpoint_dir, _needs, _size
+
+__all__ = ["add_convert_command", "add_verify_conversion_command"]
+
+
+def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None,
+             before_shards: Any = None) -> Any:
+    """A local directory or a Hub repo id (``hub.resolve_source``); says on stderr which was used."""
+    from ..errors import ConversionError
+    from ..hub import is_repo_id, recorded_revision, resolve_source
+
+    ambiguous = is_repo_id(spec)
+    if revision is None and recorded_in is not None and ambiguous and not os.path.lexists(spec):
+        revision = recorded_revision(recorded_in, spec)  # the commit the output was converted from
+    try:
+        resolved = resolve_source(spec, revision=revision, before_shards=before_shards)
+    except ConversionError as exc:
+        raise UsageError(str(exc)) from None
+    if ambiguous or resolved.from_hub:
+        print(f"source {resolved.describe()}", file=sys.stderr)
+    return resolved
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread so every ``with`` block unwinds as for Ctrl-C
+    (the partial output is removed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Inside: SIGTERM (kill, timeout, docker stop, Kubernetes) and SIGHUP behave like SIGINT."""
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise _Terminated(signum)
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: leave the defaults
+            previous[signum] = signal.signal(signum, interrupt)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _json_errors(handler: Any) -> Any:
+    """With ``--json``, an error is also printed on stdout as JSON (``ok`` false, ``error``,
+    ``exit_code``), so a caller parsing stdout never gets plain text; stderr keeps its line."""
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(handler(args))
+        except (UsageError, MissingDependencyError, NxdiGptossFp8Error, OSError, KeyboardInterrupt) as exc:
+            if getattr(args, "json", False) and not isinstance(exc, BrokenPipeError):
+                code = EXIT_FINDINGS if isinstance(exc, NxdiGptossFp8Error) and not isinstance(
+                    exc, MissingDependencyError) else EXIT_USAGE
+                if isinstance(exc, KeyboardInterrupt):
+                    code = 128 + getattr(exc, "signum", signal.SIGINT)
+                message = str(exc) if not isinstance(exc, KeyboardInterrupt) else _interrupted_text(exc)
+                print(json.dumps({"ok": False, "command": args.command, "error": message,
+                                  "error_type": type(exc).__name__.lstrip("_"), "exit_code": code}, indent=2))
+                sys.stdout.flush()
+            raise
+
+    return run
+
+
+def _interrupted_text(exc: BaseException) -> str:
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return f"interrupted ({signal.Signals(signum).name}): nothing was written, the partial output was removed"
+
+
+def _terminated(args: argparse.Namespace, exc: _Terminated, line: str) -> int:
+    """SIGTERM or SIGHUP: one line on stderr and, with ``--json``, the error as JSON on stdout (as
+    for Ctrl-C); exit 128 + the signal number."""
+    code = 128 + exc.signum
+    print(line, file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "command": args.command, "error": _interrupted_text(exc),
+                          "error_type": "Terminated", "exit_code": code}, indent=2))
+    return code
+
+
+def _plan_or_refuse(args: argparse.Namespace, plan: Any) -> None:
+    """``--dry-run`` prints the plan (and stops the command); a real run refuses a plan that does not fit."""
+    if args.dry_run:
+        raise _PlanShown(plan)
+    plan.check()  # one line with the numbers when it does not fit
+
+
+class _PlanShown(Exception):
+    def __init__(self, plan: Any) -> None:
+        super().__init__()
+        self.plan = plan
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    _needs("", "torch", "safetensors")
+    from ..convert import convert, plan, plan_from_hub
+    from ..errors import ConversionError
+    from ..hub import companion_files
+
+    max_shard_size = _size(args.max_shard_size, "--max-shard-size")
+    workers = _workers(args.workers)
+    sizes = {"padded_hidden_size": args.padded_hidden_size, "padded_intermediate_size": args.padded_intermediate_size,
+             "max_shard_size": max_shard_size}
+    try:
+        with _signals_interrupt():
+            try:
+                source = _resolve(args.src, args.revision, before_shards=lambda fetch: _plan_or_refuse(
+                    args, plan_from_hub(fetch, args.out, overwrite=args.overwrite, **sizes)))
+                options = {**sizes, "overwrite": args.overwrite, "provenance": source.provenance(),
+                           "extra_files": companion_files(source.path), "gate_up_split": args.ct_gate_up_split}
+                planned = plan(source.path, args.out, **options)
+                _plan_or_refuse(args, planned)
+                report = convert(source.path, args.out, progress=True, workers=workers, **options)
+            except ConversionError as exc:  # a source or output we cannot use: unreadable input
+                raise UsageError(str(exc)) from None
+    except _PlanShown as shown:
+        print(json.dumps(shown.plan.to_dict(), indent=2) if args.json else shown.plan.render_text())
+        return EXIT_OK if shown.plan.ok else EXIT_FINDINGS
+    except _Terminated as exc:
+        return _terminated(args, exc, f"nxdi-gptoss-fp8 convert: {_interrupted_text(exc)}")
+    print(json.dumps({"ok": True, **report.to_dict()}, indent=2) if args.json else report.render_text())
+    return EXIT_OK
+
+
+def add_convert_command(commands: Any) -> None:
+    """The ``convert`` command's parser, beside its handler."""
+    convert = commands.add_parser(
+        "convert", help="convert a GPT-OSS checkpoint (HF MXFP4, HF BF16 or compressed-tensors FP8) to normalized FP8 "
+                        "(needs torch)",
+        description="Convert the HF set of openai/gpt-oss-120b or -20b (MXFP4), an HF BF16 GPT-OSS checkpoint "
+                    "or an llm-compressor FP8_DYNAMIC (compressed-tensors) one into the normalized FP8 format, "
+                    "streaming one expert at a time. SRC may be a Hub repo id: only "
+                    "config, index, the listed shards, tokenizer and generation config are fetched (never original/ "
+                    "or metal/), through huggingface_hub's cache (HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply); they are "
+                    "copied into OUT with the commit recorded. MXFP4 and FP8 values stay exact wherever Neuron's "
+                    "E4M3 can hold them (the report counts the rest); a NaN or inf anywhere in SRC is refused. "
+                    "Before a byte moves the run is planned (see --dry-run) and refused when OUT's filesystem "
+                    "(or the Hub cache) lacks the space. The output appears only when complete; an existing OUT "
+                    "directory (e.g. a mount point) is written inside; --overwrite replaces only an earlier output "
+                    "of this converter. Ctrl-C, SIGTERM and SIGHUP remove the partial output. SRC is never "
+                    "modified. Check the result with verify-conversion.",
+    )
+    convert.add_argument("src", metavar="SRC", help="the HF checkpoint directory (config.json + model.safetensors.index.json), "
+                                                    "or a Hub repo id such as openai/gpt-oss-120b (an existing local path wins)")
+    convert.add_argument("out", metavar="OUT", help="output directory (must be empty or absent)")
+    convert.add_argument("--revision", metavar="R", help="Hub branch, tag or commit of a repo-id SRC (default main)")
+    _add_output_options(convert, max_shard_size="5GB")
+    _add_split_option(convert)
+    convert.add_argument("--dry-run", action="store_true",
+                         help="print the plan and stop: the files read (for a Hub id, only those fetched, with their "
+                              "sizes from the cache or the Hub's metadata), the shards written and their bytes, the "
+                              "free space where they go and the expected peak memory; every real run makes the same "
+                              "plan first and refuses at once (exit 2) when it does not fit; a dry run that does not fit exits 1")
+    _add_workers_option(convert, "encoded")
+    convert.add_argument("--json", action="store_true", help="print the conversion report (or the plan, or the error) as JSON")
+    convert.set_defaults(handler=_json_errors(_cmd_convert))
+
+
+def _cmd_verify_conversion(args: argparse.Namespace) -> int:
+    _checkpoint_dir(args.out, "OUT, the converted checkpoint directory")
+    _needs("", "torch", "safetensors")
+    from ..errors import ConversionError
+    from ..verify import verify_conversion
+
+    workers = _workers(args.workers)
+    try:
+        with _signals_interrupt():
+            source = _resolve(args.source, args.revision, recorded_in=args.out)
+            try:  # arguments swapped, or a source that is not one: one line with the hint
+                report = verify_conversion(args.out, source.path, progress=True, gate_up_split=args.ct_gate_up_split,
+                                           given_source=args.source, workers=workers)
+            except ConversionError as exc:
+                raise UsageError(str(exc)) from None
+    except _Terminated as exc:
+        return _terminated(args, exc, f"nxdi-gptoss-fp8 verify-conversion: interrupted ({signal.Signals(exc.signum).name})")
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
+    return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
+def add_verify_conversion_command(commands: Any) -> None:
+    """The ``verify-conversion`` command's parser, beside its handler."""
+    verify_conversion = commands.add_parser(
+        "verify-conversion", help="compare a converted checkpoint with its source, value by value (needs torch)",
+        description="Re-read OUT and SRC one expert at a time: every non-expert tensor must be bit-exact, every "
+                    "FP8 expert value exact where E4M3 allows and within half an E4M3 step otherwise. Prints a "
+                    "per-layer table; exit 1 on any violation.",
+    )
+    verify_conversion.add_argument("out", metavar="OUT", help="the converted checkpoint directory")
+    verify_conversion.add_argument("--source", required=True, metavar="SRC",
+                                   help="the source it was converted from: a directory or a Hub repo id")
+    verify_conversion.add_argument("--revision", metavar="R", help="Hub revision of a repo-id SRC (default: the commit "
+                                                                 "OUT records, else main)")
+    _add_split_option(verify_conversion)
+    _add_workers_option(verify_conversion, "compared")
+    verify_conversion.add_argument("--json", action="store_true", help="print the report (or the error) as JSON")
+    verify_conversion.set_defaults(handler=_json_errors(_cmd_verify_conversion))
+
+
+def _workers(value: int | None) -> int | None:
+    """``--workers`` checked (a usage error, exit 2, outside 1…MAX_WORKERS)."""
+    from ..convert.workers import check_workers
+
+    try:
+        return None if value is None else check_workers(value)
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
+
+
+def _add_workers_option(command: argparse.ArgumentParser, what: str) -> None:
+    """``--workers N`` of convert and verify-conversion (``convert.workers``)."""
+    command.add_argument("--workers", type=int, metavar="N",
+                         help=f"experts {what} at once: up to 3 as threads, from 4 on as N/2 worker processes "
+                              "taking whole layers (default: the CPUs this process may use, after its affinity and "
+                              "cgroup quota; one process for models under 1 GB); fewer, with a warning, when the "
+                              "available memory cannot hold them. The result does not depend on N")
+
+
+def _add_split_option(command: argparse.ArgumentParser) -> None:
+    """compressed-tensors sources whose files cannot tell how gate_up was split."""
+    command.add_argument("--ct-gate-up-split", choices=("interleaved", "halves"), default=None,
+                         help="compressed-tensors FP8 sources only, when the converter asks: how llm-compressor "
+                              "split gate_up_proj (halves: llm-compressor 0.12.0-0.13.0; interleaved: other versions)")

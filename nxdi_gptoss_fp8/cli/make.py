@@ -1,0 +1,158 @@
+"""``make-tiny`` and ``demo``: tiny checkpoints and sources, and the README's first command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from .. import format as fmt
+from ..errors import NxdiGptossFp8Error
+from ..validate.pipeline import preflight
+from ._shared import EXIT_FINDINGS, EXIT_OK, UsageError, _add_output_options, _needs, _size
+
+__all__ = ["add_demo_command", "add_make_tiny_command"]
+
+
+def _dims(args: argparse.Namespace, defaults: fmt.ModelDims) -> fmt.ModelDims:
+    return fmt.ModelDims(**{
+        field: getattr(args, field) if getattr(args, field) is not None else getattr(defaults, field)
+        for field in fmt.ModelDims.__dataclass_fields__
+    })
+
+
+def _cmd_make_tiny(args: argparse.Namespace) -> int:
+    if args.hf is not None:
+        return _make_tiny_source(args)
+    from ..synthetic.tiny_stdlib import TINY_DIMS, check_seed, tiny_layout
+    from ..writer import prepare_output
+
+    dims = _dims(args, TINY_DIMS)
+    max_shard_size = _size(args.max_shard_size)
+    try:  # every argument and OUT checked before torch is imported or anything is written
+        tiny_layout(dims, args.padded_hidden_size, args.padded_intermediate_size)
+        check_seed(args.seed)
+        prepare_output(os.path.abspath(args.out), overwrite=args.overwrite)
+    except (ValueError, NxdiGptossFp8Error) as exc:
+        raise UsageError(str(exc)) from None
+    _needs("", "torch")
+    from ..synthetic.tiny import make_tiny
+
+    out = make_tiny(
+        args.out, dims=dims, padded_hidden_size=args.padded_hidden_size,
+        padded_intermediate_size=args.padded_intermediate_size,
+        max_shard_size=max_shard_size, seed=args.seed, overwrite=args.overwrite,
+    )
+    custom = fmt.profile_for_dims(dims) == fmt.PROFILE_CUSTOM
+    report = preflight(out, allow_custom_model=custom)
+    print(f"wrote {out}")
+    print(report.render_text())
+    if custom and report.ok:
+        print(f"a custom profile: valid with the opt-in only (--allow-custom-model, or {fmt.ALLOW_CUSTOM_ENV}=1 "
+              "for loading with NxDI); without it every command refuses it by design")
+    flag = " --allow-custom-model" if custom else ""
+    print(f"next: nxdi-gptoss-fp8 validate {out}{flag}   or   nxdi-gptoss-fp8 inspect {out}{flag}")
+    return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
+def add_make_tiny_command(commands: Any) -> None:
+    """The ``make-tiny`` command's parser, beside its handler."""
+    tiny = commands.add_parser(
+        "make-tiny", help="write a valid tiny custom-profile checkpoint, or a tiny HF source for convert (needs torch)",
+        description="Write a tiny, valid normalized checkpoint with random values, for tests and demos. "
+                    "Dimensions default to a 2-layer, 4-expert, 64-wide model; a custom profile like that is "
+                    "valid with --allow-custom-model (or NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL=1) only. With "
+                    "--hf-mxfp4, --hf-bf16 or --ct-fp8, write a tiny synthetic source instead (2 layers, 3 experts, "
+                    "H 64, I 96), to try convert and verify-conversion without downloading a published checkpoint. "
+                    "The arguments are checked first, by the format's rules (each size 1 … 2^31, experts per "
+                    "token at most the experts, query heads a multiple of key/value heads, MXFP4 sizes whole "
+                    "32-blocks, at most 10,000 tensors and 256 MB); OUT must be empty or absent (exit 2).",
+    )
+    source_kind = tiny.add_mutually_exclusive_group()
+    source_kind.add_argument("--hf-mxfp4", dest="hf", action="store_const", const="mxfp4",
+                             help="write an HF MXFP4 source (like openai/gpt-oss-*) instead")
+    source_kind.add_argument("--hf-bf16", dest="hf", action="store_const", const="bf16",
+                             help="write an HF BF16 source (dense experts) instead")
+    source_kind.add_argument("--ct-fp8", dest="hf", action="store_const", const="ct-fp8",
+                             help="write a compressed-tensors FP8 source (llm-compressor FP8_DYNAMIC, per-expert "
+                                  "linear layers, even/odd gate/up split) instead")
+    tiny.add_argument("out", help="output directory (must be empty or absent)")
+    for field, flag, meaning in (
+        ("num_hidden_layers", "--layers", "decoder layers"),
+        ("num_local_experts", "--experts", "experts per layer"),
+        ("hidden_size", "--hidden-size", "hidden size H"),
+        ("intermediate_size", "--intermediate-size", "expert intermediate size I"),
+        ("head_dim", "--head-dim", "attention head dim"),
+        ("num_attention_heads", "--heads", "query heads"),
+        ("num_key_value_heads", "--kv-heads", "key/value heads"),
+        ("vocab_size", "--vocab-size", "vocabulary size"),
+        ("num_experts_per_tok", "--experts-per-token", "experts per token"),
+        ("sliding_window", "--sliding-window", "sliding window"),
+    ):
+        tiny.add_argument(flag, dest=field, type=int, metavar="N", help=meaning)
+    _add_output_options(tiny, max_shard_size="64KB", why=", so even a tiny model has several")
+    tiny.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    tiny.set_defaults(handler=_cmd_make_tiny)
+
+
+_SOURCE_KINDS = {"mxfp4": "HF MXFP4", "bf16": "HF BF16", "ct-fp8": "compressed-tensors FP8 (llm-compressor FP8_DYNAMIC)"}
+
+
+def _make_tiny_source(args: argparse.Namespace) -> int:
+    """``make-tiny --hf-mxfp4`` / ``--hf-bf16`` / ``--ct-fp8``: a tiny synthetic source to try
+    ``convert`` on, checked first and written whole (into a hidden folder beside OUT, renamed at the end)."""
+    option = f"--{'ct-fp8' if args.hf == 'ct-fp8' else 'hf-' + args.hf}"
+    if args.padded_hidden_size is not None or args.padded_intermediate_size is not None:
+        raise UsageError("a source is never padded: pass --padded-hidden-size/--padded-intermediate-size to convert")
+    from ..synthetic.tiny_stdlib import SOURCE_DIMS, check_seed, tiny_layout
+    from ..writer import prepare_output
+
+    dims = _dims(args, SOURCE_DIMS)
+    try:
+        tiny_layout(dims, None, None, block=32 if args.hf == "mxfp4" else None)  # 32: the MXFP4 block
+        check_seed(args.seed)
+        prepare_output(os.path.abspath(args.out), overwrite=args.overwrite)
+    except (ValueError, NxdiGptossFp8Error) as exc:
+        raise UsageError(str(exc)) from None
+    _needs(option, "torch", "safetensors")
+    import shutil
+    import tempfile
+
+    from ..synthetic.sources import SOURCE_BF16, SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, current_umask, make_source
+
+    out = os.path.abspath(args.out)
+    parent, name = os.path.split(out)
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
+    try:
+        os.chmod(work, 0o777 & ~current_umask())  # mkdtemp makes it 0700; OUT gets the user's umask
+        kind = {"mxfp4": SOURCE_MXFP4, "bf16": SOURCE_BF16, "ct-fp8": SOURCE_COMPRESSED_TENSORS}[args.hf]
+        make_source(work, kind, dims=dims, seed=args.seed, original=False)
+        if os.path.isdir(out) and args.overwrite:
+            shutil.rmtree(out)
+        elif os.path.isdir(out):
+            os.rmdir(out)  # empty: prepare_output said so
+        os.rename(work, out)
+    finally:
+        if os.path.isdir(work):
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote a tiny synthetic {_SOURCE_KINDS[args.hf]} GPT-OSS source to {out} (random values, the published "
+          "repos' layout)")
+    print(f"try: nxdi-gptoss-fp8 convert {out} {out}-fp8 && nxdi-gptoss-fp8 verify-conversion {out}-fp8 --source {out}")
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ..demo import run_demo
+
+    return EXIT_OK if run_demo() else EXIT_FINDINGS
+
+
+def add_demo_command(commands: Any) -> None:
+    """The ``demo`` command's parser, beside its handler."""
+    demo = commands.add_parser(
+        "demo", help="make a tiny checkpoint, validate it, corrupt copies and show the findings",
+        description="No arguments: everything happens in a temporary directory that is removed afterwards. "
+                    "Needs nothing but Python; the last step (the zero-copy load) runs when torch is installed.",
+    )
+    demo.set_defaults(handler=_cmd_demo)

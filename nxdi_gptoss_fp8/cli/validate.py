@@ -1,0 +1,167 @@
+"""``validate`` and ``inspect``: the preflight and the format doctor on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from .. import format as fmt
+from ..validate.findings import printable
+from ..validate.foreign import foreign_recognition
+from ..validate.pipeline import preflight
+from ._shared import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_USAGE,
+    UsageError,
+    _allow_custom,
+    _checkpoint_dir,
+    _load_neuron_config,
+    _needs,
+)
+
+__all__ = ["TEXT_FINDINGS_LIMIT", "add_inspect_command", "add_validate_command"]
+
+
+TEXT_FINDINGS_LIMIT = 50
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    _checkpoint_dir(args.path)
+    from ..recognize import PRESHARDED, compiled_model_dir
+
+    compiled = compiled_model_dir(args.path)
+    if compiled is not None:
+        return _validate_compiled(args, compiled)
+    if args.deep:
+        _needs("--deep", "numpy")
+    neuron_config = _load_neuron_config(args.neuron_config)
+    report = preflight(
+        args.path,
+        neuron_config=neuron_config,
+        allow_custom_model=_allow_custom(args),
+        read_scales=not args.headers_only,
+        deep=args.deep,
+        verify_checksums=args.verify_checksums,
+    )
+    # another kind of checkpoint (HF, compressed-tensors, legacy), or pre-sharded weights copied
+    # without their compiled directory: inspect's one-line verdict and action first
+    recognition = foreign_recognition(report.view) if not report.ok and report.view is not None else None
+    if recognition is None and not report.ok and report.view is not None and report.view.recognition is not None \
+            and report.view.recognition.kind == PRESHARDED:
+        recognition = report.view.recognition
+    hint = recognition.hint() if recognition is not None else None
+    if args.json:
+        print(json.dumps({**report.to_dict(), "hint": hint}, indent=2))
+    else:
+        if hint:
+            print(printable(hint))
+        print(report.render_text(limit=None, summarize=False) if args.all else report.render_text(limit=TEXT_FINDINGS_LIMIT))
+    if not report.clean:
+        return EXIT_FINDINGS
+    return EXIT_OK if report.complete else EXIT_PARTIAL
+
+
+def add_validate_command(commands: Any) -> None:
+    """The ``validate`` command's parser, beside its handler."""
+    validate = commands.add_parser(
+        "validate", help="check a checkpoint directory against the format (fail-closed preflight)",
+        description=(
+            "Run the preflight: config, index, every shard header, ownership, collisions, the "
+            "exact namespace, dtypes and shapes, scale sidecars and scale values. Reads headers "
+            "and scales only. Every finding is listed with its file, key and the fix."
+        ),
+    )
+    validate.add_argument("path", help="the checkpoint directory (holds model.safetensors.index.json), or a compiled "
+                                       "NxDI model directory: its pre-sharded weights/ are checked against their "
+                                       "manifest, its neuron_config.json and, when present, the source checkpoint")
+    validate.add_argument("--json", action="store_true", help="print the report as JSON (ok, summary, findings)")
+    validate.add_argument("--all", action="store_true",
+                          help=f"list every finding, one line each (text output otherwise summarizes repeated "
+                               f"findings and shows at most {TEXT_FINDINGS_LIMIT} lines)")
+    validate.add_argument("--neuron-config", metavar="FILE.json",
+                          help="NxDI NeuronConfig attributes as JSON (flat, or nested under \"neuron_config\" "
+                               "as NxDI saves it): also check that NxDI will run this checkpoint as configured")
+    validate.add_argument("--allow-custom-model", action="store_true",
+                          help=f"accept model_profile 'custom' (tiny test models); also {fmt.ALLOW_CUSTOM_ENV}=1")
+    reads = validate.add_mutually_exclusive_group()  # a deep scan reads the tensor data headers-only skips
+    reads.add_argument("--headers-only", action="store_true",
+                       help="read no tensor data at all: skip the scale-value check. A partial verdict, never "
+                            "VALID: PARTIAL and exit 3 when what was checked is clean (JSON: ok false, "
+                            "complete false, not_checked)")
+    reads.add_argument("--deep", action="store_true",
+                       help="also read every FP8 expert byte once: values beyond ±240 or NaN, non-zero "
+                            "padding, all-zero experts; and every BF16 tensor for ±inf and NaN (reads the whole "
+                            "checkpoint; progress on a terminal)")
+    validate.add_argument("--verify-checksums", action="store_true",
+                          help="hash every shard (in parallel) against the index's shard_sha256; "
+                               "a checkpoint without digests then fails (a compiled directory: every rank file "
+                               "against its manifest)")
+    validate.set_defaults(handler=_cmd_validate)
+
+
+def _validate_compiled(args: argparse.Namespace, compiled: str) -> int:
+    """``validate COMPILED``: its pre-sharded weights against their manifest, its
+    ``neuron_config.json`` (or ``--neuron-config``) and the source checkpoint when it is here."""
+    from ..recognize import NEURON_CONFIG_FILE
+    from ..validate.presharded import check_presharded, describe_presharded
+
+    if args.deep or args.headers_only:
+        raise UsageError(f"{compiled} is a compiled NxDI model directory: --deep and --headers-only apply to "
+                         "checkpoints (validate the checkpoint it was compiled from)")
+    try:
+        config = _load_neuron_config(args.neuron_config or os.path.join(compiled, NEURON_CONFIG_FILE))
+    except UsageError as exc:
+        raise UsageError(str(exc) if args.neuron_config else str(exc).replace("--neuron-config ", "").replace(
+            "--neuron-config: ", "")) from None
+    assert config is not None
+    nc = config.get("neuron_config") if isinstance(config.get("neuron_config"), dict) else config
+    if not nc.get("save_sharded_checkpoint") and describe_presharded(compiled) is None:
+        source = nc.get("quantized_checkpoints_path") or "the checkpoint it was compiled from"
+        message = (f"{compiled}: no pre-sharded weights (save_sharded_checkpoint is off): NxDI's weights are sharded at "
+                   f"load from the checkpoint, where the preflight runs; validate {source}")
+        print(json.dumps({"ok": True, "path": compiled, "findings": [], "message": message}, indent=2) if args.json else message)
+        return EXIT_OK
+    check = check_presharded(compiled, ranks=None, config=config, verify=args.verify_checksums, progress=None)
+    if args.json:
+        print(json.dumps(check.to_dict(), indent=2))
+    else:
+        print(check.render_text(limit=None if args.all else TEXT_FINDINGS_LIMIT))
+    return EXIT_OK if check.ok else EXIT_FINDINGS
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from ..inspection import inspect_directory
+    from ..recognize import NOT_A_DIRECTORY
+
+    inspection = inspect_directory(args.path, allow_custom_model=_allow_custom(args))
+    if inspection.recognition.kind == NOT_A_DIRECTORY and not args.json:
+        raise UsageError("; ".join(inspection.recognition.evidence))
+    if args.json:
+        print(json.dumps(inspection.to_dict(), indent=2))
+    else:
+        print(inspection.render_text())
+    if inspection.recognition.kind == NOT_A_DIRECTORY:
+        return EXIT_USAGE
+    return EXIT_OK if inspection.succeeded else EXIT_FINDINGS
+
+
+def add_inspect_command(commands: Any) -> None:
+    """The ``inspect`` command's parser, beside its handler."""
+    inspect = commands.add_parser(
+        "inspect", help="say which checkpoint any directory is and what to do with it; summarize a normalized one",
+        description="Recognize any directory (HF MXFP4 or BF16, compressed-tensors FP8, NxDI legacy, normalized FP8, "
+                    "NxDI pre-sharded weights, a compiled NxDI model) from its files and tensor names: the "
+                    "CHECKPOINT_FORMAT value or the command that applies, and why. A normalized checkpoint also "
+                    "gets its shards, tensors, bytes by dtype, profile, padding and preflight verdict (with the "
+                    "first findings when invalid). Exit 0 recognized (and valid), 1 invalid or unrecognized, "
+                    "2 not a directory.",
+    )
+    inspect.add_argument("path", help="any directory")
+    inspect.add_argument("--json", action="store_true", help="print the recognition and summary as JSON")
+    inspect.add_argument("--allow-custom-model", action="store_true",
+                         help=f"accept model_profile 'custom' as validate does; also {fmt.ALLOW_CUSTOM_ENV}=1")
+    inspect.set_defaults(handler=_cmd_inspect)

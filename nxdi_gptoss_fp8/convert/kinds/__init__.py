@@ -1,0 +1,2 @@
+"""One module per source kind the converter reads, each following ``SourceKind``.
+"""

@@ -1,0 +1,192 @@
+"""The ``directory`` and ``files`` checks: the directory itself, stray and nested weight files, and the
+bounded reading of its JSON files.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import stat
+from typing import Any
+
+from .. import format as fmt
+from ..errors import NotRegularFileError
+from ..safeio.files import open_regular
+from ..safeio.safetensors_header import FileIdentity
+from ..safeio.strict_json import JsonError, parse_json_strict
+from .findings import PreflightReport, Severity
+from .view import CheckpointView
+
+__all__ = ["MAX_JSON_FILE_SIZE", "NESTED_SEARCH_DEPTH", "NESTED_SEARCH_ENTRIES"]
+
+
+MAX_JSON_FILE_SIZE = 64 * 1024 * 1024
+
+
+# How deep and how wide the directory is searched for weight files in subdirectories.
+NESTED_SEARCH_DEPTH = 2
+
+
+NESTED_SEARCH_ENTRIES = 10_000
+
+
+def _check_directory(view: CheckpointView, report: PreflightReport) -> bool:
+    if "\x00" in view.root:  # no file name holds one (os functions raise ValueError)
+        report.add("filesystem", "missing_directory", f"{view.root!r} contains a NUL byte: no directory has that name",
+                   file=view.root)
+        return False
+    if not os.path.exists(view.root):
+        report.add("filesystem", "missing_directory", f"{view.root} does not exist", file=view.root)
+        return False
+    if not os.path.isdir(view.root):
+        report.add(
+            "filesystem", "not_a_directory",
+            f"{view.root} is a file; pass the checkpoint directory that holds {fmt.INDEX_FILE}",
+            file=view.root,
+        )
+        return False
+    if not os.access(view.root, os.R_OK | os.X_OK):
+        report.add("filesystem", "unreadable", f"{view.root} cannot be listed (permissions)", file=view.root)
+        return False
+    return True
+
+
+def _link_outside(root: str, name: str) -> str | None:
+    """Where ``name`` in ``root`` leads when it is a link resolving outside ``root``, else None."""
+    path = os.path.join(root, name)
+    if not stat.S_ISLNK(os.lstat(path).st_mode):
+        return None
+    target = os.path.realpath(path)
+    return None if os.path.dirname(target) == os.path.realpath(root) else target
+
+
+def _read_json_file(view: CheckpointView, report: PreflightReport, name: str, check: str) -> Any:
+    """Read a small JSON file strictly; report and return None when that is impossible.
+
+    A link out of the directory, a FIFO, socket, device or directory is refused before it is
+    opened (``filesystem``); the size is checked on the opened file before it is read.
+    """
+    file_path = os.path.join(view.root, name)
+    try:
+        target = _link_outside(view.root, name)
+        if target is not None:
+            report.add("filesystem", "link_outside", f"{name} is a link to {target}, outside the checkpoint directory: copy the file in instead", file=name)
+            return None
+        with open_regular(file_path) as handle:
+            identity = FileIdentity.of(os.fstat(handle.fileno()))
+            size = identity.size
+            if size > MAX_JSON_FILE_SIZE:
+                report.add(check, "too_large", f"{name} is {size:,} bytes, above the {MAX_JSON_FILE_SIZE:,}-byte limit", file=name)
+                return None
+            raw = handle.read(MAX_JSON_FILE_SIZE + 1)
+    except NotRegularFileError as exc:
+        report.add("filesystem", "not_a_file", f"{exc}: {name} must be a plain file (refused before it was opened for reading)", file=name)
+        return None
+    except OSError as exc:
+        report.add("filesystem", "unreadable", f"cannot read {name}: {exc.strerror or exc}", file=name)
+        return None
+    report.bytes_read += len(raw)
+    view.json_files[name] = (identity, hashlib.sha256(raw).hexdigest())
+    if len(raw) > MAX_JSON_FILE_SIZE:
+        report.add(check, "too_large", f"{name} grew above the {MAX_JSON_FILE_SIZE:,}-byte limit while it was read", file=name)
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        report.add(check, "invalid_json", f"{name} is not UTF-8 text", file=name)
+        return None
+    del raw  # only the text is needed while it is parsed (memory: the index may be 64 MB)
+    try:
+        document = parse_json_strict(text, what=name)
+    except JsonError as exc:
+        report.add(check, exc.code, str(exc), file=name, key=exc.key)
+        return None
+    if document is None:  # a JSON null must not read as "unreadable, already reported"
+        report.add(check, "not_an_object", f"{name} holds JSON null, not an object", file=name)
+    return document
+
+
+@functools.lru_cache(maxsize=4096)
+def _shard_name_problem(name: str) -> tuple[str, str] | None:
+    """(code, why) when ``name`` is not a plain ``*.safetensors`` file name in the directory."""
+    problem = _unsafe_name(name)
+    if problem:
+        return "unsafe_shard_name", problem
+    if not name.endswith(".safetensors"):
+        return "not_safetensors", "does not end in .safetensors (only safetensors shards are read; pickles are never opened)"
+    return None
+
+
+def _unsafe_name(name: str) -> str | None:
+    """Why ``name`` is not a plain file name in the checkpoint directory, or None."""
+    if not name or name in (".", ".."):
+        return "is empty or a directory reference"
+    if "/" in name or "\\" in name or "\x00" in name:
+        return "contains a path separator"
+    if ".." in name.split("."):
+        return "contains '..'"
+    if os.path.isabs(name) or re.match(r"^[A-Za-z]:", name):
+        return "is an absolute path"
+    return None
+
+
+def _check_stray_files(view: CheckpointView, report: PreflightReport) -> None:
+    if view.index is None:
+        return  # without a readable index every shard would look stray: the index finding says it
+    # every name the index lists counts, also one refused as a shard name (its own finding says so)
+    weight_map = view.index.get("weight_map")
+    listed = {s for s in weight_map.values() if type(s) is str} if isinstance(weight_map, dict) else set()
+    try:
+        entries = sorted(os.listdir(view.root))
+    except OSError as exc:
+        report.add("filesystem", "unreadable", f"cannot list {view.root}: {exc.strerror}", file=view.root)
+        return
+    for entry in entries:
+        if entry in listed or not entry.lower().endswith(fmt.WEIGHT_FILE_SUFFIXES):
+            continue
+        kind = "pickle-based weight file (never opened)" if entry.lower().endswith(fmt.PICKLE_SUFFIXES) else "weight file"
+        report.add(
+            "filesystem", "stray_weight_file",
+            f"{entry} is a {kind} that the index does not list; a second checkpoint set mixed into "
+            "the directory is how wrong weights get loaded: move it out",
+            file=entry,
+        )
+    _check_nested_weight_files(view, report)
+
+
+def _check_nested_weight_files(view: CheckpointView, report: PreflightReport) -> None:
+    """Warn about weight files in subdirectories (the published repos ship ``original/``).
+
+    They are never read, but a tool pointed at the directory may pick them up. The search is
+    bounded: ``NESTED_SEARCH_DEPTH`` levels, ``NESTED_SEARCH_ENTRIES`` entries, no links followed.
+    """
+    found: dict[str, list[str]] = {}
+    budget = NESTED_SEARCH_ENTRIES
+    level = [""]
+    for _ in range(NESTED_SEARCH_DEPTH + 1):
+        below: list[str] = []
+        for relative in level:
+            try:
+                with os.scandir(os.path.join(view.root, relative)) as entries:
+                    for entry in entries:
+                        budget -= 1
+                        if budget < 0:
+                            break
+                        name = os.path.join(relative, entry.name) if relative else entry.name
+                        if entry.is_dir(follow_symlinks=False):
+                            below.append(name)
+                        elif relative and entry.name.lower().endswith(fmt.WEIGHT_FILE_SUFFIXES):
+                            found.setdefault(name.split(os.sep, 1)[0], []).append(name)
+            except OSError:
+                continue
+        level = below
+    for directory, names in sorted(found.items()):
+        shown = ", ".join(sorted(names)[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        report.add(
+            "filesystem", "nested_weight_files",
+            f"{directory}/ holds weight files ({shown}); they are not part of this checkpoint and are "
+            "never read, but a second weight set beside it is easy to load by mistake: move it out",
+            file=directory, severity=Severity.WARNING,
+        )

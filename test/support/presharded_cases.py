@@ -1,0 +1,268 @@
+"""The pre-sharded weights scenarios, shared by the stand-in tests (``test_sharded_manifest.py``)
+and the ones driving NxDI's real ``shard_weights`` / ``load_weights`` (``test_nxdi_presharded.py``).
+
+``modeling`` is either module (stand-in or real ``modeling_gpt_oss``); both build the app the
+same way. The compile step is ``app.shard_weights(COMPILED)`` after ``app.config.save(COMPILED)``
+(what NxDI's ``compile()`` does around tracing); the load step is ``load_weights`` on an app
+built from ``COMPILED/neuron_config.json`` (or from a changed NeuronConfig), whose
+``traced_model`` records what ``nxd_model.initialize`` received.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
+
+from nxdi_standin.model_builder import RecordingTracedModel, ShardingBuilder
+
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
+from nxdi_gptoss_fp8.validate import presharded as sm
+
+TP = 2
+FP8_NEURON_CONFIG: dict[str, Any] = {
+    "quantized": True, "quantization_type": fmt.QUANTIZATION_TYPE, "quantization_dtype": fmt.QUANTIZATION_DTYPE,
+    "modules_to_not_convert": ["lm_head", "self_attn"], "logical_nc_config": 1, "tp_degree": TP,
+    "save_sharded_checkpoint": True,
+}
+
+
+def make_app(modeling: ModuleType, ckpt: Path, **overrides: Any) -> Any:
+    """NxDI's GPT-OSS application for ``ckpt``, with the stand-in builder and traced model."""
+    kwargs = {**FP8_NEURON_CONFIG, "quantized_checkpoints_path": str(ckpt), **overrides}
+    neuron_config = modeling.GptOssNeuronConfig(**kwargs)
+
+    def load_config(config: Any) -> None:  # what NxDI's load_pretrained_config sets
+        values = json.loads((ckpt / fmt.CONFIG_FILE).read_text())
+        values.pop("torch_dtype", None)
+        config.__dict__.update(values)
+        config._name_or_path = str(ckpt)
+
+    return _equipped(modeling.NeuronGptOssForCausalLM(str(ckpt), modeling.GptOssInferenceConfig(neuron_config, load_config=load_config)))
+
+
+def _equipped(app: Any, **builder: Any) -> Any:
+    app._builder = ShardingBuilder.for_app(app, **builder)
+    app.traced_model = RecordingTracedModel()
+    return app
+
+
+def compile_shards(modeling: ModuleType, ckpt: Path, compiled: Path, *, fail_after_rank: int | None = None,
+                   **overrides: Any) -> Any:
+    """What NxDI's ``compile()`` does around tracing: save the config, then ``shard_weights``."""
+    app = make_app(modeling, ckpt, **overrides)
+    if fail_after_rank is not None:
+        _equipped(app, fail_after_rank=fail_after_rank)
+    app.config.save(str(compiled))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        app.shard_weights(str(compiled))
+    return app
+
+
+def load_app(modeling: ModuleType, compiled: Path, ckpt: Path, **overrides: Any) -> Any:
+    """The app a host builds to load ``compiled``: from its ``neuron_config.json``, or with a
+    NeuronConfig changed by ``overrides``."""
+    if overrides:
+        return make_app(modeling, ckpt, **overrides)
+    return _equipped(modeling.NeuronGptOssForCausalLM(str(ckpt), modeling.GptOssInferenceConfig.load(str(compiled))))
+
+
+@dataclass
+class Loaded:
+    weights: list[dict[str, torch.Tensor]]
+    start_rank: torch.Tensor
+
+
+def load(app: Any, compiled: Path) -> Loaded | None:
+    """``load_weights`` (raising what the hook raises); what ``initialize`` received, or None."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            app.load_weights(str(compiled))
+        finally:
+            calls = app.traced_model.nxd_model.calls
+    assert len(calls) <= 1
+    return Loaded(*calls[0]) if calls else None
+
+
+def raw(tensor: torch.Tensor) -> bytes:
+    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def same_weights(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> bool:
+    return len(a) == len(b) and all(
+        sorted(x) == sorted(y) and all(x[k].dtype == y[k].dtype and x[k].shape == y[k].shape and raw(x[k]) == raw(y[k]) for k in x)
+        for x, y in zip(a, b, strict=True))
+
+
+def files_on_disk(compiled: Path, ranks: range = range(TP)) -> list[dict[str, torch.Tensor]]:
+    return [load_file(str(compiled / "weights" / sm.rank_file(rank))) for rank in ranks]
+
+
+# --------------------------------------------------------------------------- tamperings
+
+
+@dataclass
+class Scene:
+    """One compiled directory and what a tampering may use."""
+
+    modeling: ModuleType
+    ckpt: Path
+    compiled: Path
+    tmp: Path
+
+    @property
+    def weights(self) -> Path:
+        return self.compiled / "weights"
+
+    def rank(self, rank: int) -> Path:
+        return self.weights / sm.rank_file(rank)
+
+
+def _truncate(scene: Scene) -> dict[str, Any]:
+    path = scene.rank(1)
+    os.truncate(path, path.stat().st_size - 1)
+    return {}
+
+
+def _missing(scene: Scene) -> dict[str, Any]:
+    scene.rank(1).unlink()
+    return {}
+
+
+def _extra_rank(scene: Scene) -> dict[str, Any]:
+    shutil.copyfile(scene.rank(0), scene.rank(TP))
+    return {}
+
+
+def _other_ranks_file(scene: Scene) -> dict[str, Any]:
+    shutil.copyfile(scene.rank(0), scene.rank(1))
+    return {}
+
+
+def _header_byte(scene: Scene) -> dict[str, Any]:
+    data = bytearray(scene.rank(1).read_bytes())
+    at = data.index(b"layers.0.")
+    data[at + 7] = ord("9")  # one character of a tensor name: same size, same data
+    scene.rank(1).write_bytes(bytes(data))
+    return {}
+
+
+def unsampled_data_offset(path: Path) -> int:
+    """A data byte of the rank file that the default check's sampled blocks do not cover."""
+    manifest = sm.read_manifest(str(path.parent.parent))
+    return unsampled_data_offset_for(path, manifest.sample_blocks, manifest.sample_block_size)
+
+
+def unsampled_data_offset_for(path: Path, blocks: int, block_size: int = sm.SAMPLE_BLOCK) -> int:
+    size = path.stat().st_size
+    data_offset = 8 + int.from_bytes(path.read_bytes()[:8], "little")
+    covered = sm.sample_offsets(size, data_offset, blocks, block_size)
+    return next(o for o in range(data_offset, size) if not any(start <= o < start + count for start, count in covered))
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0x01]))
+
+
+def _data_byte_verified(scene: Scene) -> dict[str, Any]:
+    _flip(scene.rank(1), unsampled_data_offset(scene.rank(1)))
+    return {fmt.VERIFY_AT_LOAD_ATTR: True}
+
+
+def _data_byte_unverified(scene: Scene) -> dict[str, Any]:
+    _flip(scene.rank(1), unsampled_data_offset(scene.rank(1)))
+    return {}
+
+
+def _sampled_data_byte(scene: Scene) -> dict[str, Any]:
+    manifest = sm.read_manifest(str(scene.compiled))
+    path = scene.rank(1)
+    data_offset = 8 + int.from_bytes(path.read_bytes()[:8], "little")
+    offset, _ = sm.sample_offsets(path.stat().st_size, data_offset, manifest.sample_blocks, manifest.sample_block_size)[0]
+    _flip(path, offset)
+    return {}
+
+
+def _manifest_missing(scene: Scene) -> dict[str, Any]:
+    (scene.weights / sm.MANIFEST_FILE).unlink()
+    return {}
+
+
+def _manifest_corrupt(scene: Scene) -> dict[str, Any]:
+    (scene.weights / sm.MANIFEST_FILE).write_text('{"format": 1, "format": 2}')
+    return {}
+
+
+def _manifest_of_another_compile(scene: Scene) -> dict[str, Any]:
+    other_ckpt = Path(make_tiny(scene.tmp / "other-ckpt", seed=7))
+    compile_shards(scene.modeling, other_ckpt, scene.tmp / "other-compiled")
+    shutil.copyfile(scene.tmp / "other-compiled" / "weights" / sm.MANIFEST_FILE, scene.weights / sm.MANIFEST_FILE)
+    return {}
+
+
+def _weights_of_another_compile(scene: Scene) -> dict[str, Any]:
+    """A whole weights/ folder (with its manifest) of a tp=1 compile dropped next to this one's config."""
+    other = scene.tmp / "other-compiled"
+    compile_shards(scene.modeling, scene.ckpt, other, tp_degree=1)
+    shutil.rmtree(scene.weights)
+    shutil.copytree(other / "weights", scene.weights)
+    return {}
+
+
+def _tp_changed(scene: Scene) -> dict[str, Any]:
+    return {"tp_degree": 1}
+
+
+def _padding_changed(scene: Scene) -> dict[str, Any]:
+    return {"padded_hidden_size": 96}
+
+
+def _source_reconverted(scene: Scene) -> dict[str, Any]:
+    shutil.rmtree(scene.ckpt)
+    make_tiny(scene.ckpt, seed=3)
+    return {}
+
+
+def _source_deleted(scene: Scene) -> dict[str, Any]:
+    shutil.rmtree(scene.ckpt)
+    return {}
+
+
+# name → (tampering returning NeuronConfig overrides for the load, the codes refused with; None: it loads)
+TAMPERINGS: dict[str, tuple[Callable[[Scene], dict[str, Any]], set[str] | None]] = {
+    "truncated": (_truncate, {"presharded.size_mismatch"}),
+    "missing": (_missing, {"presharded.missing_rank_file"}),
+    "extra-rank": (_extra_rank, {"presharded.unlisted_rank_file"}),
+    "other-rank's-file": (_other_ranks_file, {"presharded.data_mismatch"}),
+    "header-byte": (_header_byte, {"presharded.header_mismatch"}),
+    "sampled-data-byte": (_sampled_data_byte, {"presharded.data_mismatch"}),
+    "data-byte-verified": (_data_byte_verified, {"presharded.digest_mismatch"}),
+    "data-byte-unverified": (_data_byte_unverified, None),  # outside the samples: only verification sees it
+    "manifest-missing": (_manifest_missing, {"presharded.no_manifest"}),
+    "manifest-corrupt": (_manifest_corrupt, {"presharded.bad_manifest"}),
+    "manifest-of-another-compile": (_manifest_of_another_compile, {"presharded.data_mismatch"}),
+    "weights-of-another-compile": (_weights_of_another_compile, {"presharded.settings_mismatch", "presharded.rank_not_in_manifest"}),
+    "tp-degree-changed": (_tp_changed, {"presharded.settings_mismatch"}),
+    "padded-size-changed": (_padding_changed, {"presharded.settings_mismatch"}),
+    "source-reconverted": (_source_reconverted, {"presharded.stale_source"}),
+    "source-deleted": (_source_deleted, None),
+}

@@ -1,0 +1,61 @@
+"""Strict, bounded JSON: every refusal has its code; plain documents parse as json does."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nxdi_gptoss_fp8.safeio.strict_json import MAX_DEPTH, JsonError, NonInteger, parse_json_strict
+
+
+@pytest.mark.parametrize(("text", "code", "options"), [
+    ('{"a": 1, "a": 2}', "duplicate_key", {}),
+    ('{"x": {"a": 1, "b": {"a": 1, "a": 1}}}', "duplicate_key", {}),
+    ('[NaN]', "invalid_json", {}),
+    ('[-Infinity]', "invalid_json", {}),
+    ('{"a": 1,}', "invalid_json", {}),
+    ('["\\ud800"]', "invalid_json", {}),
+    ("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), "too_deep", {}),
+    ("[" * 100_000 + "]" * 100_000, "too_deep", {}),
+    ('{"a": ' + "[" * 10 + "]" * 10 + "}", "too_deep", {"max_depth": 5}),
+    ("[" + "1" * 20 + "]", "number_too_large", {}),
+    ("[-" + "9" * 5000 + "]", "number_too_large", {}),
+    ("[" + " " * 100 + "]", "too_large", {"max_bytes": 50}),
+])
+def test_refusals(text: str, code: str, options: dict[str, Any]) -> None:
+    with pytest.raises(JsonError) as raised:
+        parse_json_strict(text, **options)
+    assert raised.value.code == code
+    assert len(str(raised.value)) < 400
+
+
+@pytest.mark.parametrize(("literal", "marked"), [("-0", True), ("0.0", True), ("-0.0", True), ("1e2", True), ("1E2", True),
+                                                  ("1e400", True), ("0", False), ("-1", False), ("18446744073709551615", False)])
+def test_non_integer_literals_are_kept_as_written(literal: str, marked: bool) -> None:
+    (value,) = parse_json_strict(f"[{literal}]", mark_non_integers=True, max_int_digits=20)
+    assert isinstance(value, NonInteger) is marked
+    assert (str(value) == literal) if marked else (value == int(literal))
+
+
+def test_without_marking_numbers_parse_as_json_does() -> None:
+    assert parse_json_strict("[-0, 1e2, 0.5]") == [0, 100.0, 0.5]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**18), 10**18) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(JSON)
+def test_plain_documents_round_trip(document: Any) -> None:
+    text = json.dumps(document)
+    try:
+        assert parse_json_strict(text) == json.loads(text)
+    except JsonError as exc:  # only a lone surrogate in generated text, or depth
+        assert exc.code in ("invalid_json", "too_deep")

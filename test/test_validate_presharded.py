@@ -1,0 +1,381 @@
+"""Pre-sharded weights bound to the compile and checkpoint they came from (``sharded_manifest``
+and the hook's ``shard_weights`` / ``load_weights``), against the stand-in of NxDI; the same
+scenarios run against NxDI's real methods in ``test_nxdi_presharded.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
+
+import nxdi_standin
+import presharded_cases as cases
+
+from nxdi_gptoss_fp8 import cli, nxdi_hook
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.errors import IntegrityError
+from nxdi_gptoss_fp8.synthetic.sources import SOURCE_MXFP4, make_source, write_legacy_fp8
+from nxdi_gptoss_fp8.validate import presharded as sm
+
+pytestmark = pytest.mark.filterwarnings("ignore:stand-in cast rule keeps scale")
+
+
+@pytest.fixture
+def nxdi(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    monkeypatch.delenv(nxdi_hook.ENV_VAR, raising=False)
+    monkeypatch.delenv(fmt.VERIFY_AT_LOAD_ENV, raising=False)
+    monkeypatch.setenv(fmt.ALLOW_CUSTOM_ENV, "1")
+    with nxdi_standin.installed() as modules:
+        yield modules
+
+
+@pytest.fixture
+def scene(nxdi: SimpleNamespace, tiny_template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cases.Scene:
+    """A normalized checkpoint compiled (tp=2, pre-sharded) through the hook."""
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, nxdi_hook.NORMALIZED_FP8)
+    nxdi_hook.register()
+    ckpt = Path(shutil.copytree(tiny_template, tmp_path / "ckpt"))
+    compiled = tmp_path / "compiled"
+    cases.compile_shards(nxdi.modeling_gpt_oss, ckpt, compiled)
+    return cases.Scene(nxdi.modeling_gpt_oss, ckpt, compiled, tmp_path)
+
+
+# --------------------------------------------------------------------------- compile, then load
+
+
+def test_compile_writes_a_manifest_of_exactly_the_written_rank_files(scene: cases.Scene) -> None:
+    manifest = sm.read_manifest(str(scene.compiled))
+    assert sorted(manifest.ranks) == [0, 1] and manifest.tp_degree == cases.TP == manifest.world_size
+    for rank, entry in manifest.ranks.items():
+        path = scene.rank(rank)
+        assert entry.size == path.stat().st_size
+        assert entry.sha256 == __import__("hashlib").sha256(path.read_bytes()).hexdigest()
+    assert manifest.ranks[0].header_sha256 == manifest.ranks[1].header_sha256  # every rank's header alike
+    assert manifest.ranks[0].sample_sha256 != manifest.ranks[1].sample_sha256  # the sampled data are not
+    assert [s.path for s in manifest.sources] == [str(scene.ckpt.resolve())]
+    assert manifest.sources[0].fingerprint == sm.source_fingerprint(str(scene.ckpt))
+    assert manifest.settings["tp_degree"] == 2 and manifest.settings["torch_dtype"] == "bfloat16"
+    assert manifest.settings["modules_to_not_convert"] == ["lm_head", "self_attn"]
+    assert not [p for p in scene.weights.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_clean_load_hands_nxdi_exactly_the_written_shards(scene: cases.Scene) -> None:
+    app = cases.load_app(scene.modeling, scene.compiled, scene.ckpt)
+    loaded = cases.load(app, scene.compiled)
+    assert loaded is not None and loaded.start_rank.tolist() == [0]
+    assert cases.same_weights(loaded.weights, cases.files_on_disk(scene.compiled))
+    assert app._builder.loader_calls == 0  # NxDI never calls the checkpoint loader here
+    # and the files are the cut of the hooked loader's output
+    assert cases.same_weights(loaded.weights, [app._builder.shard_rank(app.checkpoint_loader_fn(), r) for r in range(cases.TP)])
+
+
+@pytest.mark.parametrize("name", list(cases.TAMPERINGS))
+def test_each_tampering_is_refused_before_initialize(scene: cases.Scene, name: str) -> None:
+    tamper, refused = cases.TAMPERINGS[name]
+    overrides = tamper(scene)
+    app = cases.load_app(scene.modeling, scene.compiled, scene.ckpt, **overrides)
+    if refused is None:
+        loaded = cases.load(app, scene.compiled)
+        assert loaded is not None and cases.same_weights(loaded.weights, cases.files_on_disk(scene.compiled))
+        return
+    with pytest.raises(sm.ShardedWeightsError) as caught:
+        cases.load(app, scene.compiled)
+    assert app.traced_model.nxd_model.calls == []
+    assert set(caught.value.codes) == refused, str(caught.value)
+    message = str(caught.value)
+    assert str(scene.compiled) in message and "nothing was handed to NxDI" in message
+
+
+def test_stale_source_message_says_how_to_reshard(scene: cases.Scene) -> None:
+    cases.TAMPERINGS["source-reconverted"][0](scene)
+    with pytest.raises(sm.ShardedWeightsError) as caught:
+        cases.load(cases.load_app(scene.modeling, scene.compiled, scene.ckpt), scene.compiled)
+    message = str(caught.value)
+    assert "stale" in message and "recompile" in message and f"shard_weights({str(scene.compiled)!r})" in message
+    assert f"{fmt.INDEX_FILE}, the digests of 4 shards" in message
+
+
+def test_source_gone_is_logged_and_loads(scene: cases.Scene, caplog: pytest.LogCaptureFixture) -> None:
+    shutil.rmtree(scene.ckpt)
+    with caplog.at_level("INFO", logger="nxdi_gptoss_fp8"):
+        assert cases.load(cases.load_app(scene.modeling, scene.compiled, scene.ckpt), scene.compiled) is not None
+    assert any("not on this host" in record.getMessage() for record in caplog.records)
+
+
+def test_opt_in_from_the_compiled_config_alone_checks_the_shards(scene: cases.Scene, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No environment variable: the opt-in kept in neuron_config.json selects the check."""
+    cases.compile_shards(scene.modeling, scene.ckpt, scene.compiled, checkpoint_format=nxdi_hook.NORMALIZED_FP8)
+    monkeypatch.delenv(nxdi_hook.ENV_VAR)
+    scene.rank(1).unlink()
+    app = cases.load_app(scene.modeling, scene.compiled, scene.ckpt)
+    assert app.neuron_config.checkpoint_format == nxdi_hook.NORMALIZED_FP8
+    with pytest.raises(sm.ShardedWeightsError, match=r"missing|does not exist"):
+        cases.load(app, scene.compiled)
+
+
+def test_verification_reads_the_choice_with_the_loaders_parser(scene: cases.Scene, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(fmt.VERIFY_AT_LOAD_ENV, "maybe")
+    with pytest.raises(Exception, match="is not on or off"):
+        cases.load(cases.load_app(scene.modeling, scene.compiled, scene.ckpt), scene.compiled)
+    monkeypatch.setenv(fmt.VERIFY_AT_LOAD_ENV, "1")
+    cases._data_byte_unverified(scene)
+    with pytest.raises(sm.ShardedWeightsError, match="digest_mismatch"):
+        cases.load(cases.load_app(scene.modeling, scene.compiled, scene.ckpt), scene.compiled)
+
+
+def test_a_rank_file_swapped_while_nxdi_reads_it_is_refused(scene: cases.Scene, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = cases.load_app(scene.modeling, scene.compiled, scene.ckpt)
+    original = app.traced_model.nxd_model.initialize
+
+    def initialize_then_replace(weights: Any, start: Any) -> None:
+        original(weights, start)
+        data = scene.rank(0).read_bytes()
+        scene.rank(0).unlink()
+        scene.rank(0).write_bytes(data)  # a new inode: what a copy over the file leaves
+
+    app.traced_model.nxd_model.initialize = initialize_then_replace
+    with pytest.raises(IntegrityError, match="changed while NxDI read them"):
+        cases.load(app, scene.compiled)
+
+
+def test_an_interrupted_shard_step_leaves_no_manifest(scene: cases.Scene) -> None:
+    with pytest.raises(RuntimeError, match="interrupted"):
+        cases.compile_shards(scene.modeling, scene.ckpt, scene.compiled, fail_after_rank=0)
+    assert not (scene.weights / sm.MANIFEST_FILE).exists()  # the earlier one was removed first
+    with pytest.raises(sm.ShardedWeightsError) as caught:
+        cases.load(cases.load_app(scene.modeling, scene.compiled, scene.ckpt), scene.compiled)
+    assert caught.value.codes == ["presharded.no_manifest"]
+    assert "shard_weights(" in str(caught.value) and "no recompile" in str(caught.value)
+
+
+def test_resharding_through_the_hook_writes_a_new_manifest(scene: cases.Scene) -> None:
+    """The fix the messages give: NxDI's shard_weights on the compiled model, no recompile."""
+    cases.TAMPERINGS["source-reconverted"][0](scene)
+    app = cases.load_app(scene.modeling, scene.compiled, scene.ckpt)
+    app.shard_weights(str(scene.compiled))
+    assert cases.load(cases.load_app(scene.modeling, scene.compiled, scene.ckpt), scene.compiled) is not None
+
+
+@pytest.mark.parametrize("overrides", [{"save_sharded_checkpoint": False}, {"skip_sharding": True}])
+def test_no_shards_written_means_no_manifest_and_nxdis_behaviour(nxdi: SimpleNamespace, tiny_template: Path,
+                                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 overrides: dict[str, Any]) -> None:
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, nxdi_hook.NORMALIZED_FP8)
+    nxdi_hook.register()
+    cases.compile_shards(nxdi.modeling_gpt_oss, tiny_template, tmp_path / "compiled", **overrides)
+    assert not (tmp_path / "compiled" / "weights").exists()
+
+
+def test_shard_on_load_reaches_nxdi_unchanged(nxdi: SimpleNamespace, tiny_template: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """save_sharded_checkpoint=False: the builder shards at load (through our preflighted loader)."""
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, nxdi_hook.NORMALIZED_FP8)
+    nxdi_hook.register()
+    compiled = tmp_path / "compiled"
+    cases.compile_shards(nxdi.modeling_gpt_oss, tiny_template, compiled, save_sharded_checkpoint=False)
+    app = cases.load_app(nxdi.modeling_gpt_oss, compiled, tiny_template)
+    loaded = cases.load(app, compiled)
+    assert loaded is not None and app._builder.loader_calls == 1
+    expected = [app._builder.shard_rank(app.checkpoint_loader_fn(), rank) for rank in range(cases.TP)]
+    assert cases.same_weights(loaded.weights, expected)
+
+
+# --------------------------------------------------------------------------- HF / legacy: NxDI's own behaviour
+
+
+def _source(kind: str, tiny_template: Path, root: Path) -> Path:
+    if kind == "hf":
+        return make_source(root / "hf", SOURCE_MXFP4, original=False)
+    return write_legacy_fp8(root / "legacy", tiny_template)
+
+
+@pytest.mark.parametrize("kind", ["hf", "legacy"])
+def test_hf_and_legacy_compile_and_load_are_nxdis_bit_for_bit(nxdi: SimpleNamespace, tiny_template: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, kind)
+    source = _source(kind, tiny_template, tmp_path)
+    results = {}
+    for hooked in (False, True):
+        if hooked:
+            nxdi_hook.register()
+        compiled = tmp_path / f"compiled-{hooked}"
+        cases.compile_shards(nxdi.modeling_gpt_oss, source, compiled)
+        loaded = cases.load(cases.load_app(nxdi.modeling_gpt_oss, compiled, source), compiled)
+        assert loaded is not None
+        results[hooked] = (sorted(p.name for p in (compiled / "weights").iterdir()),
+                           [(compiled / "weights" / sm.rank_file(r)).read_bytes() for r in range(cases.TP)], loaded)
+    assert results[True][0] == results[False][0] == [sm.rank_file(r) for r in range(cases.TP)]  # no manifest
+    assert results[True][1] == results[False][1]
+    assert cases.same_weights(results[True][2].weights, results[False][2].weights)
+
+
+def test_unregister_restores_shard_and_load_weights(nxdi: SimpleNamespace) -> None:
+    app_cls = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM
+    base = nxdi.application_base.NeuronApplicationBase
+    assert "shard_weights" not in vars(app_cls) and "load_weights" not in vars(app_cls)
+    nxdi_hook.register()
+    assert vars(app_cls)["shard_weights"] is not base.shard_weights and vars(app_cls)["load_weights"] is not base.load_weights
+    nxdi_hook.unregister()
+    assert "shard_weights" not in vars(app_cls) and "load_weights" not in vars(app_cls)
+    assert app_cls.shard_weights is base.shard_weights and app_cls.load_weights is base.load_weights
+
+
+def test_register_refuses_an_nxdi_whose_load_weights_differs(nxdi: SimpleNamespace) -> None:
+    base = nxdi.application_base.NeuronApplicationBase
+    base.load_weights = lambda self, path, ranks: None  # type: ignore[method-assign]
+    with pytest.raises(Exception, match="load_weights"):
+        nxdi_hook.register()
+    assert not nxdi_hook.is_registered()
+
+
+# --------------------------------------------------------------------------- the manifest itself
+
+
+@given(st.binary(max_size=300))
+def test_read_manifest_never_raises_anything_but_manifest_error(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    compiled = tmp_path_factory.mktemp("c")
+    (compiled / "weights").mkdir()
+    (compiled / "weights" / sm.MANIFEST_FILE).write_bytes(data)
+    with pytest.raises(sm.ManifestError):
+        sm.read_manifest(str(compiled))
+
+
+def _valid_manifest(scene: cases.Scene) -> dict[str, Any]:
+    return json.loads((scene.weights / sm.MANIFEST_FILE).read_text())
+
+
+@pytest.mark.parametrize(("edit", "words"), [
+    (lambda m: m.update(format_version=2), "format_version"),
+    (lambda m: m["ranks"][0].update(file="../x"), "names the file"),
+    (lambda m: m["ranks"][0].update(size=-1), "size"),
+    (lambda m: m["ranks"][0].update(sha256="0" * 63), "sha256"),
+    (lambda m: m["ranks"].append(dict(m["ranks"][0])), "listed twice"),
+    (lambda m: m.update(tp_degree="2"), "tp_degree"),
+    (lambda m: m["sample"].update(blocks=1.5), "blocks"),
+])
+def test_a_malformed_manifest_names_the_field(scene: cases.Scene, edit: Any, words: str) -> None:
+    manifest = _valid_manifest(scene)
+    edit(manifest)
+    (scene.weights / sm.MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(sm.ManifestError, match=words) as caught:
+        sm.read_manifest(str(scene.compiled))
+    assert caught.value.code == "bad_manifest"
+
+
+@given(st.integers(0, 1 << 20), st.integers(8, 4096), st.integers(1, 64), st.sampled_from([512, 4096]))
+def test_sample_offsets_stay_in_the_data_section(size: int, data_offset: int, blocks: int, block: int) -> None:
+    spots = sm.sample_offsets(size, data_offset, blocks, block)
+    for start, count in spots:
+        assert data_offset <= start and start + count <= size and count > 0
+    assert len(spots) <= blocks
+
+
+def test_samples_are_doubled_until_they_tell_ranks_apart(tmp_path: Path) -> None:
+    """Two rank files that differ only outside the first sampled blocks still get different samples."""
+    import torch
+    from safetensors.torch import save_file
+
+    compiled = tmp_path / "c"
+    (compiled / "weights").mkdir(parents=True)
+    base = torch.zeros(1 << 16, dtype=torch.uint8)
+    for rank in range(2):
+        data = base.clone()
+        path = compiled / "weights" / sm.rank_file(rank)
+        save_file({"w": data}, str(path))
+    # rank 1 differs at a byte the 8 default blocks miss
+    offset = cases.unsampled_data_offset_for(compiled / "weights" / sm.rank_file(1), sm.SAMPLE_BLOCKS)
+    cases._flip(compiled / "weights" / sm.rank_file(1), offset)
+    manifest = sm.write_manifest(str(compiled), ranks=range(2), config={"tp_degree": 2}, sources=[], progress=False)
+    assert manifest.sample_blocks > sm.SAMPLE_BLOCKS
+    assert manifest.ranks[0].sample_sha256 != manifest.ranks[1].sample_sha256
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_validate_compiled_is_valid_then_names_each_problem(scene: cases.Scene, capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = run(capsys, "validate", str(scene.compiled))
+    assert code == 0 and "VALID" in out and "2 ranks checked" in out
+    code, out, _ = run(capsys, "validate", str(scene.compiled), "--verify-checksums", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["ok"] and report["bytes_hashed"] > 0
+    assert any(f["code"] == "presharded.verified" for f in report["findings"])
+    cases._data_byte_unverified(scene)
+    assert run(capsys, "validate", str(scene.compiled))[0] == 0  # outside the samples
+    code, out, _ = run(capsys, "validate", str(scene.compiled), "--verify-checksums")
+    assert code == 1 and "presharded.digest_mismatch" in out and "tp1_sharded_checkpoint" in out
+
+
+@pytest.mark.parametrize("name", ["truncated", "missing", "extra-rank", "other-rank's-file", "header-byte",
+                                  "manifest-missing", "source-reconverted"])
+def test_validate_compiled_refuses_what_the_load_refuses(scene: cases.Scene, capsys: pytest.CaptureFixture, name: str) -> None:
+    tamper, refused = cases.TAMPERINGS[name]
+    tamper(scene)
+    code, out, _ = run(capsys, "validate", str(scene.compiled), "--json")
+    report = json.loads(out)
+    assert code == 1 and not report["ok"]
+    assert refused is not None and refused <= {f["code"] for f in report["findings"] if f["severity"] == "error"}
+
+
+def test_validate_compiled_compares_with_its_neuron_config(scene: cases.Scene, capsys: pytest.CaptureFixture) -> None:
+    config = json.loads((scene.compiled / "neuron_config.json").read_text())
+    config["neuron_config"]["padded_hidden_size"] = 96
+    (scene.compiled / "neuron_config.json").write_text(json.dumps(config))
+    code, out, _ = run(capsys, "validate", str(scene.compiled))
+    assert code == 1 and "settings.padded_hidden_size" in out
+
+
+def test_validate_compiled_without_presharded_weights_says_so(nxdi: SimpleNamespace, tiny_template: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, nxdi_hook.NORMALIZED_FP8)
+    nxdi_hook.register()
+    cases.compile_shards(nxdi.modeling_gpt_oss, tiny_template, tmp_path / "c", save_sharded_checkpoint=False)
+    code, out, _ = run(capsys, "validate", str(tmp_path / "c"))
+    assert code == 0 and "sharded at load" in out
+
+
+def test_inspect_compiled_shows_the_manifest_or_how_to_write_one(scene: cases.Scene, capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = run(capsys, "inspect", str(scene.compiled))
+    assert code == 0 and "manifest" in out and "tp_degree 2" in out and str(scene.ckpt.resolve()) in out
+    code, out, _ = run(capsys, "inspect", str(scene.compiled), "--json")
+    assert json.loads(out)["presharded"]["manifest"]["tp_degree"] == 2
+    (scene.weights / sm.MANIFEST_FILE).unlink()
+    code, out, _ = run(capsys, "inspect", str(scene.compiled))
+    assert "without a manifest" in out and "shard_weights(" in out and "refused at load" in out
+
+
+def test_inspect_of_a_directory_with_only_weights_is_one_verdict(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A copy of only weights/ (no neuron_config.json): pre-sharded weights, not "unknown"."""
+    import torch
+    from safetensors.torch import save_file
+
+    (tmp_path / "d" / "weights").mkdir(parents=True)
+    save_file({"w": torch.zeros(4)}, str(tmp_path / "d" / "weights" / sm.rank_file(0)))
+    _, out, _ = run(capsys, "inspect", str(tmp_path / "d"))
+    assert "unknown" not in out and "not a GPT-OSS checkpoint" not in out
+    assert "pre-sharded" in out and "neuron_config.json" in out
+
+
+def test_validate_of_the_weights_folder_checks_its_compiled_directory(scene: cases.Scene, capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = run(capsys, "validate", str(scene.weights))
+    assert code == 0 and f"VALID: {scene.compiled}" in out
+    scene.rank(0).unlink()
+    code, out, _ = run(capsys, "validate", str(scene.weights))
+    assert code == 1 and "presharded.missing_rank_file" in out
