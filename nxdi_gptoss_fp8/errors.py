@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .validate.findings import PreflightReport
-    from .validate.presharded import ShardedCheck
+
+class _Coded(Protocol):
+    @property
+    def code(self) -> str: ...
+
+
+class _Report(Protocol):
+    """What an error needs of a report (``validate.findings.PreflightReport`` is one): this module
+    imports nothing of the package, so every module may raise its errors."""
+
+    @property
+    def errors(self) -> Sequence[_Coded]: ...
+
+    def render_text(self, *, summarize: bool = ...) -> str: ...
+
+
+class _ShardedCheck(Protocol):
+    """What ``ShardedWeightsError`` needs of a check (``validate.presharded.ShardedCheck`` is one)."""
+
+    @property
+    def report(self) -> _Report: ...
 
 
 class NxdiGptossFp8Error(Exception):
@@ -25,7 +44,7 @@ class PreflightError(NxdiGptossFp8Error):
     ``hint``, when given, leads the message: what the directory is instead and what to do.
     """
 
-    def __init__(self, report: PreflightReport, hint: str | None = None) -> None:
+    def __init__(self, report: _Report, hint: str | None = None) -> None:
         super().__init__(f"{hint}\n{report.render_text(summarize=False)}" if hint else report.render_text(summarize=False))
         self.report = report
         self.hint = hint
@@ -47,7 +66,7 @@ class ShardedWeightsError(IntegrityError):
     """NxDI's pre-sharded weights (``COMPILED/weights``) refused before NxDI read a byte of them;
     ``check`` holds every finding, ``codes`` the error codes."""
 
-    def __init__(self, message: str, check: ShardedCheck) -> None:
+    def __init__(self, message: str, check: _ShardedCheck) -> None:
         super().__init__(message)
         self.check = check
 
@@ -69,7 +88,7 @@ class FailedReportError(PreflightError, ReportBindingError):
     """A report with errors handed to the loader: a ``PreflightError`` (``report`` holds every
     finding) whose message is one line, the count and the first finding."""
 
-    def __init__(self, report: PreflightReport, message: str) -> None:
+    def __init__(self, report: _Report, message: str) -> None:
         Exception.__init__(self, message)
         self.report = report
         self.hint = None
