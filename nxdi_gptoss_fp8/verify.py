@@ -41,8 +41,9 @@ from .convert import (
     source_kind,
 )
 from .convert.fp8 import FP8_DTYPE, fp8_values
+from .convert.kinds.base import ExpertRows
 from .convert.output import single_threaded_torch
-from .convert.source import ExpertRows, read_json
+from .convert.source import read_json
 from .convert.workers import LayerPool, peak_rss, plan_workers, refuse_in_worker_start
 from .errors import ConversionError
 from .hub import is_repo_id

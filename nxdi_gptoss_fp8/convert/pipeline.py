@@ -22,6 +22,7 @@ from ..nxdi_config import config_field_problems
 from ..progress import Progress
 from ..writer import CheckpointWriter, parse_size
 from .card import write_model_card
+from .kinds.base import SourceKind
 from .kinds.compressed_tensors import NAME as SOURCE_COMPRESSED_TENSORS
 from .kinds.compressed_tensors import CompressedTensorsFp8
 from .kinds.hf_bf16 import NAME as SOURCE_BF16
@@ -32,7 +33,6 @@ from .output import ConversionReport, ExpertStats, Output, Workspace, copy_padde
 from .plan import ConversionPlan, PlannedFile, local_reads, plan_conversion
 from .source import (
     Source,
-    SourceKind,
     SourceReader,
     SourceSpec,
     check_claimed_dims,

@@ -34,7 +34,8 @@ from ..layout import TILE as _TILE_ROWS
 from ..layout import chunk_halves, chunk_interleaved, pad_to, place_down, place_gate_up
 from ..mxfp4 import Exactness
 from ..output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, put_biases, require_finite, stream_experts
-from ..source import EXPERTS, FLOAT_DTYPES, HF_PREFIX, ExpertRows, SourceReader, SourceSpec, non_expert_specs
+from ..source import EXPERTS, FLOAT_DTYPES, HF_PREFIX, SourceReader, SourceSpec, non_expert_specs
+from .base import ExpertRows
 
 NAME = "compressed-tensors-fp8"
 QUANT_METHOD = "compressed-tensors"

@@ -18,7 +18,8 @@ from ...errors import ConversionError
 from ...safeio.safetensors_header import TensorInfo
 from ..fp8 import quantize_expertwise
 from ..output import ExpertStats, Output, Workspace, hf_biases, put_biases, require_finite, require_normal_scales
-from ..source import FLOAT_DTYPES, ExpertRows, SourceReader, SourceSpec, expert_source_name, non_expert_specs
+from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name, non_expert_specs
+from .base import ExpertRows
 
 NAME = "hf-bf16"
 

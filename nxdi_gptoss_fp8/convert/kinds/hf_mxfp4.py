@@ -19,7 +19,8 @@ from ...safeio.safetensors_header import TensorInfo
 from .. import mxfp4
 from ..layout import chunk_interleaved, pad_to, place_down, place_gate_up
 from ..output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, hf_biases, put_biases, stream_experts
-from ..source import FLOAT_DTYPES, ExpertRows, SourceReader, SourceSpec, expert_source_name, non_expert_specs
+from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name, non_expert_specs
+from .base import ExpertRows
 
 NAME = "hf-mxfp4"
 ENCODE_ROWS = 1024
