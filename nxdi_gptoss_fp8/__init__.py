@@ -28,24 +28,9 @@ from .validate.pipeline import preflight
 __version__ = "0.2.0"
 
 __all__ = [
-    "CHECKS",
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "CheckpointFormatError",
-    "ConversionError",
-    "CpuModelError",
-    "Finding",
-    "IntegrityError",
-    "LoadError",
-    "MissingDependencyError",
-    "NxdiGptossFp8Error",
-    "PreflightError",
-    "PreflightReport",
-    "RegistrationError",
-    "ReportBindingError",
-    "Severity",
-    "ShardedWeightsError",
-    "__version__",
+    "CHECKS", "FORMAT_NAME", "FORMAT_VERSION", "CheckpointFormatError", "ConversionError", "CpuModelError",
+    "Finding", "IntegrityError", "LoadError", "MissingDependencyError", "NxdiGptossFp8Error", "PreflightError",
+    "PreflightReport", "RegistrationError", "ReportBindingError", "Severity", "ShardedWeightsError", "__version__",
     "preflight",
 ]
 

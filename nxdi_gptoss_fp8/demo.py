@@ -16,6 +16,8 @@ from .deps import CPU_TORCH, available
 from .validate.findings import PreflightReport
 from .validate.pipeline import preflight
 
+__all__ = ["CORRUPTIONS", "run_demo"]
+
 
 def _truncate_last_shard(path: str) -> str:
     shards = sorted(name for name in os.listdir(path) if name.endswith(".safetensors"))

@@ -13,6 +13,8 @@ from types import ModuleType
 
 from .errors import MissingDependencyError
 
+__all__ = ["CPU_TORCH", "INSTALL_HINTS", "OPTIONAL", "available", "missing", "require"]
+
 CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 INSTALL_HINTS = {
     "torch": f"install torch first (CPU-only build: {CPU_TORCH}; on a Neuron host use the torch that torch-neuronx installed)",

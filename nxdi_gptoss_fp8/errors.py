@@ -5,6 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+__all__ = [
+    "CheckpointFormatError", "ConfigError", "ConversionError", "CpuModelError", "FailedReportError",
+    "IntegrityError", "LoadError", "MissingDependencyError", "NotRegularFileError", "NxdiGptossFp8Error",
+    "PreflightError", "RegistrationError", "ReportBindingError", "ShardedWeightsError",
+]
+
 
 class _Coded(Protocol):
     @property

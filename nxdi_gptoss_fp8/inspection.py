@@ -17,6 +17,11 @@ from .validate.findings import PreflightReport, printable
 from .validate.pipeline import preflight
 from .validate.view import CheckpointView
 
+__all__ = [
+    "COMPANIONS", "INSPECT_FINDINGS_LIMIT", "CheckpointSummary", "Companion", "Inspection", "ShardSummary",
+    "companion_files", "custom_profile_action", "inspect_checkpoint", "inspect_directory", "validate_command",
+]
+
 INSPECT_FINDINGS_LIMIT = 10
 
 

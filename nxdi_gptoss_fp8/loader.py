@@ -48,6 +48,11 @@ from .validate.integrity import DIGESTS_KEY
 from .validate.pipeline import allow_custom_from_env, preflight
 from .validate.view import CheckpointView
 
+__all__ = [
+    "TORCH_DTYPES", "LoadPolicy", "LoadedCheckpoint", "RuntimeOptions", "check_report", "describe_load",
+    "fused_qkv_views", "load_checkpoint", "load_state_dict", "logger", "map_shard", "tensor_view", "verify_loaded",
+]
+
 logger = logging.getLogger(__name__)
 
 # safetensors dtype name → torch dtype (every dtype the format uses, plus the plain numeric ones)

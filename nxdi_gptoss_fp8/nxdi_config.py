@@ -27,6 +27,14 @@ from .errors import ConfigError, NotRegularFileError
 from .safeio.files import open_regular
 from .safeio.strict_json import JsonError, parse_json_strict
 
+__all__ = [
+    "BOOLEAN_NEURON_CONFIG_KEYS", "KNOWN_NEURON_CONFIG_KEYS", "MAX_CONFIG_FILE_SIZE", "MAX_DIMENSION",
+    "MAX_EXCLUSION_WORK", "MAX_UNKNOWN_FIELDS", "SWITCH_OFF", "SWITCH_ON", "Problem", "bounded_int", "config_attr",
+    "config_field_problems", "describe", "has_model_fields", "model_config_problems", "model_part",
+    "neuron_config_problems", "neuron_config_view", "parse_load_mode", "parse_switch", "parse_verify_at_load",
+    "read_config_file", "switch_from_env", "unknown_key_problems",
+]
+
 MAX_DIMENSION = fmt.MAX_DIMENSION
 # NxD's substring rule costs (paths × entries); real configs have a handful of entries
 MAX_EXCLUSION_WORK = 2_000_000

@@ -605,15 +605,6 @@ def run_inference_demo(argv: Sequence[str]) -> int:
 
 
 __all__ = [
-    "CONFIG_ATTR",
-    "ENV_VAR",
-    "KEPT_ATTRS",
-    "NORMALIZED_FP8",
-    "checked_preflight",
-    "is_near_miss",
-    "is_registered",
-    "normalized_mode",
-    "register",
-    "run_inference_demo",
-    "unregister",
+    "CONFIG_ATTR", "ENV_VAR", "KEPT_ATTRS", "NORMALIZED_FP8", "checked_preflight", "is_near_miss", "is_registered",
+    "normalized_mode", "register", "run_inference_demo", "unregister",
 ]

@@ -21,6 +21,8 @@ from typing import Any, TextIO
 
 from .units import format_bytes, format_duration
 
+__all__ = ["INTERVAL_S", "Progress"]
+
 INTERVAL_S = 5.0
 
 

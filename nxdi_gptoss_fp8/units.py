@@ -6,6 +6,8 @@ them); durations are milliseconds under one second and seconds from one second o
 
 from __future__ import annotations
 
+__all__ = ["format_bytes", "format_duration", "plural"]
+
 
 def plural(count: int, word: str, words: str | None = None) -> str:
     """``plural(1, "error")`` → "1 error"; ``plural(2, "error")`` → "2 errors" (thousands separated)."""

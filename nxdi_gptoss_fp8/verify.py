@@ -50,6 +50,12 @@ from .hub import is_repo_id
 from .progress import Progress
 from .validate.pipeline import preflight
 
+__all__ = [
+    "BOUND_TEXT", "LANES", "MAX_PROBLEMS", "RELATIVE_STEP", "SLACK", "SUBNORMAL_STEP", "ExpertResult", "LayerRow",
+    "LayerVerdict", "VerificationReport", "compare_expert", "logger", "source_mismatch_hint",
+    "swapped_arguments_hint", "verify_conversion", "verify_layer",
+]
+
 BOUND_TEXT = (
     "exact wherever source/scale is an E4M3 value within ±240; otherwise "
     "|fp8·scale − source| ≤ max(2^-4·|source|, 2^-10·scale)·(1 + 2^-16)"

@@ -19,6 +19,8 @@ import os
 from . import nxdi_hook, support
 from .errors import RegistrationError
 
+__all__ = ["logger", "register_plugin"]
+
 logger = logging.getLogger(__name__)
 
 

@@ -36,6 +36,12 @@ from .safeio.hashing import hash_files
 from .units import format_bytes
 from .validate.findings import printable
 
+__all__ = [
+    "DEFAULT_MAX_SHARD_SIZE", "OUTPUT_SIDE_FILES", "CheckpointWriter", "OutputTarget", "PlannedTensor", "as_bytes",
+    "build_header", "free_bytes", "host_tag", "logger", "output_target", "parse_size", "plan_shards",
+    "prepare_output", "remove_stale_partials", "shard_file_name", "shard_units", "stale_partials",
+]
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SHARD_SIZE = 5_000_000_000

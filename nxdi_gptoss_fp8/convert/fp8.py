@@ -10,6 +10,8 @@ import torch
 
 from ..format import FP8_MAX
 
+__all__ = ["FP8_DTYPE", "MIN_NORMAL_SCALE", "fp8_values", "quantize_expertwise"]
+
 FP8_DTYPE = torch.float8_e4m3fn
 MIN_NORMAL_SCALE = torch.finfo(torch.float32).tiny  # 2^-126
 # float32 values of every pair of E4M3 bytes, indexed by the pair read as one uint16: decoding

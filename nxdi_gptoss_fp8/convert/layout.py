@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["TILE", "chunk_halves", "chunk_interleaved", "pad_to", "place_down", "place_gate_up"]
+
 TILE = 64
 
 

@@ -26,6 +26,12 @@ from .layout import chunk_interleaved, pad_to
 from .mxfp4 import Exactness
 from .source import SourceReader, expert_source_name
 
+__all__ = [
+    "CHUNK_BYTES", "ConversionReport", "EncodeResult", "ExpertStats", "Lane", "Output", "Workspace", "copy_padded",
+    "hf_biases", "output_config", "put_biases", "require_finite", "require_normal_scales", "single_threaded_torch",
+    "start_writeback", "stream_experts",
+]
+
 CHUNK_BYTES = 32 << 20
 _WRITEBACK_BYTES = 64 << 20
 

@@ -42,6 +42,11 @@ from .source import (
 )
 from .workers import ConversionWorkers, lane_buffers, peak_rss, plan_workers, refuse_in_worker_start
 
+__all__ = [
+    "KINDS", "convert", "convert_layer", "logger", "open_source", "plan", "plan_from_hub", "plan_writer",
+    "source_kind", "source_specs",
+]
+
 logger = logging.getLogger(__name__)
 KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (HfMxfp4(), HfBf16(), CompressedTensorsFp8())}
 

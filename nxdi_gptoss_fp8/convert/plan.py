@@ -20,6 +20,11 @@ from ..units import format_bytes, plural
 from ..writer import CheckpointWriter, free_bytes
 from .output import CHUNK_BYTES, Workspace
 
+__all__ = [
+    "BASE_PROCESS_BYTES", "ConversionPlan", "PlannedFile", "SpaceCheck", "local_reads", "peak_memory",
+    "plan_conversion",
+]
+
 # what a Python process with torch and safetensors imported holds before any tensor (measured
 # with scripts/bench_convert.py: RSS at the start of convert() on CPU torch 2.x)
 BASE_PROCESS_BYTES = 320_000_000

@@ -25,6 +25,12 @@ from ..safeio.strict_json import JsonError, parse_json_strict
 if TYPE_CHECKING:
     import torch
 
+__all__ = [
+    "EXPERTS", "FLOAT_DTYPES", "HF_PREFIX", "SINGLE_FILE", "Source", "SourceReader", "SourceSpec",
+    "check_claimed_dims", "check_tensors", "expert_source_name", "header", "listing", "non_expert_names",
+    "non_expert_specs", "read_json", "read_source_files", "shard_files",
+]
+
 HF_PREFIX = "model."
 SINGLE_FILE = "model.safetensors"
 FLOAT_DTYPES = ("BF16", "F16", "F32")

@@ -40,6 +40,14 @@ from ..errors import ConversionError
 from ..units import format_bytes, plural
 from ..writer import CheckpointWriter, PlannedTensor, as_bytes
 
+__all__ = [
+    "COPY_BYTES", "DENSE_BYTES_PER_VALUE", "LANES_BEFORE_PROCESSES", "LANE_EXPERT_COPIES", "MAX_LANES",
+    "MAX_WORKERS", "MIN_PARALLEL_BYTES", "POLL_SECONDS", "PROCESS_BYTES", "ConversionWorkers", "ConvertJob",
+    "LayerOutcome", "LayerPool", "ShardFiles", "SharedProgress", "T", "WorkerPlan", "available_memory",
+    "check_workers", "host_cpus", "lane_buffers", "peak_rss", "plan_workers", "process_bytes",
+    "refuse_in_worker_start",
+]
+
 MAX_WORKERS = 1024
 MAX_LANES = 8  # per process: its one loader and one write thread feed them
 # Lanes a process takes before another process starts: two threads in one process matched or

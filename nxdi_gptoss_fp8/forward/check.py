@@ -23,6 +23,11 @@ from ..validate.findings import PreflightReport
 from ..validate.pipeline import allow_custom_from_env, preflight
 from .metrics import EXACT, QUANTIZED, Bound, PositionMetrics, bound_for, compare, summarize
 
+__all__ = [
+    "DEFAULT_LAYERS", "DEFAULT_STEPS", "DEFAULT_TOKENS", "WINDOW_SHARD_SIZE", "ForwardCheckReport", "check_forward",
+    "write_window",
+]
+
 DEFAULT_LAYERS, DEFAULT_TOKENS, DEFAULT_STEPS = 2, 12, 6
 WINDOW_SHARD_SIZE = 2 << 30
 

@@ -37,6 +37,12 @@ from typing import Any, ClassVar
 from .. import format as fmt
 from ..errors import CpuModelError
 
+__all__ = [
+    "MODELING", "NXD", "NXDI", "ROUTES", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "TOOL_ERROR_LINES",
+    "TORCHRUN_TIMEOUT_S", "ForwardPlan", "NxdiCpuAdaptations", "RunSpec", "environment", "fixed_plan",
+    "neuron_settings", "require_nxdi", "run_forward", "run_forwards",
+]
+
 NXDI = "neuronx_distributed_inference"
 NXD = "neuronx_distributed"
 MODELING = f"{NXDI}.models.gpt_oss.modeling_gpt_oss"

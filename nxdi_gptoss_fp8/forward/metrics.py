@@ -30,6 +30,11 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+__all__ = [
+    "E4M3_RELATIVE_RMS", "EXACT", "MIN_QUANTIZED_COSINE", "QUANTIZED", "ROUNDINGS_PER_STAGE", "UNIT_ROUNDOFF",
+    "Bound", "PositionMetrics", "bound_for", "compare", "exact_tolerance", "quantized_min_cosine", "summarize",
+]
+
 EXACT, QUANTIZED = "exact", "quantized"
 UNIT_ROUNDOFF = 2.0 ** -24  # float32
 ROUNDINGS_PER_STAGE = 16

@@ -15,6 +15,8 @@ from typing import Any
 from .. import format as fmt
 from ..errors import CpuModelError
 
+__all__ = ["reference_config", "reference_logits", "reference_model", "source_state_dict"]
+
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 

@@ -25,6 +25,11 @@ from typing import Any
 from .. import __version__
 from ..support import EnvironmentReport, environment_report
 
+__all__ = [
+    "STEPS", "TOKENS", "TRANSFORMERS_TOLERANCE", "Comparison", "SelfcheckReport", "package_identity", "selfcheck",
+    "to_json",
+]
+
 TRANSFORMERS_TOLERANCE = 1e-5
 TOKENS, STEPS = 12, 6
 

@@ -2,3 +2,5 @@
 
 Files opened safely (``files``), strict JSON (``strict_json``), safetensors headers (``safetensors_header``), SHA-256 (``hashing``). Nothing here imports torch, numpy, NxDI or any other tier of the package.
 """
+
+__all__ = []

@@ -17,6 +17,8 @@ from typing import BinaryIO
 
 from ..errors import NotRegularFileError
 
+__all__ = ["file_kind", "not_regular_reason", "open_regular"]
+
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO (named pipe)"),

@@ -16,6 +16,11 @@ from typing import Any
 
 from .files import open_regular
 
+__all__ = [
+    "CHUNK", "WAIT_STEP_S", "Cancelled", "ProgressCallback", "gather", "hash_buffers", "hash_files",
+    "sha256_buffer", "sha256_file",
+]
+
 CHUNK = 1 << 24  # bytes per update: memory stays at one chunk, progress moves in steps this size
 WAIT_STEP_S = 0.1  # how often the thread waiting for workers wakes (how soon it sees Ctrl-C)
 

@@ -34,6 +34,11 @@ from ..format import DTYPE_BITS, MAX_BYTE_COUNT
 from .files import open_regular
 from .strict_json import JsonError, NonInteger, parse_json_strict
 
+__all__ = [
+    "MAX_HEADER_SIZE", "METADATA_KEY", "PREFIX_SIZE", "FileIdentity", "HeaderError", "SafetensorsHeader",
+    "TensorInfo", "parse_header_bytes", "read_header",
+]
+
 MAX_HEADER_SIZE = 100_000_000
 PREFIX_SIZE = 8
 METADATA_KEY = "__metadata__"

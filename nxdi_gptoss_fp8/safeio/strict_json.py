@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "JsonError", "NonInteger", "parse_json_strict"]
+
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 19  # |n| < 10^19: every int64/uint64 a real config or header holds
 _CONTAINERS = (dict, list)

@@ -20,6 +20,11 @@ from ..nxdi_config import config_field_problems
 from ..validate.deep_scan import padding_region
 from ..writer import CheckpointWriter
 
+__all__ = [
+    "MAX_TINY_BYTES", "MAX_TINY_TENSORS", "SEED_RANGE", "SOURCE_DIMS", "TINY_DIMS", "TINY_MAX_SHARD_SIZE",
+    "check_seed", "dims_problems", "make_tiny_stdlib", "size_problems", "tensor_bytes", "tiny_layout", "write_tiny",
+]
+
 TINY_DIMS = fmt.ModelDims(
     num_hidden_layers=2, num_local_experts=4, hidden_size=64, intermediate_size=64,
     head_dim=16, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,

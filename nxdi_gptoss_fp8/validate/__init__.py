@@ -2,3 +2,5 @@
 
 ``pipeline.preflight`` runs the families in order over one ``view.CheckpointView``; each family adds ``findings`` to one report.
 """
+
+__all__ = []

@@ -22,6 +22,8 @@ from ..safeio.safetensors_header import FileIdentity
 if TYPE_CHECKING:
     from .view import CheckpointView
 
+__all__ = ["NO_CONFIG", "Binding", "BoundFile", "CheckedCheckpoint", "config_fingerprint", "seal"]
+
 NO_CONFIG = "none"  # the fingerprint of "no NxDI config was given"
 _MAX_DEPTH = 64  # a config nested deeper is fingerprinted down to here (the preflight refuses it anyway)
 _MAX_NODES = 200_000  # and at most this many values of it

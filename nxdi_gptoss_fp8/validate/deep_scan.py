@@ -50,6 +50,11 @@ from .findings import PreflightReport, Severity
 if TYPE_CHECKING:
     from .view import CheckpointView
 
+__all__ = [
+    "CHUNK_BYTES", "Region", "ScanStats", "ScanTarget", "TensorResult", "deep_scan", "padding_region",
+    "scan_targets", "scan_tensor",
+]
+
 CHUNK_BYTES = 4 << 20  # bytes read at a time (per thread): amortizes the per-chunk calls, stays in L3
 _EXPONENT_TOP = 0x78  # (byte & 0x7F) >= 0x78  <=>  exponent bits all ones
 _BF16_EXPONENT_TOP = 0x7F80  # (value & 0x7FFF) >= 0x7F80  <=>  exponent bits all ones: ±inf, NaN

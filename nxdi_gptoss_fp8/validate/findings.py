@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from .binding import CheckedCheckpoint
     from .view import CheckpointView
 
+__all__ = [
+    "CHECKS", "DAMAGE_CODES", "GROUP_AFTER", "MAX_FINDINGS_PER_CODE", "Finding", "PreflightReport", "Severity",
+    "damaged_shards", "printable",
+]
+
 
 class Severity(str, Enum):
     """How a finding affects the verdict: only errors make a checkpoint invalid."""

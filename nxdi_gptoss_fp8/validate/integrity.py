@@ -23,6 +23,8 @@ from .findings import PreflightReport, Severity
 if TYPE_CHECKING:
     from .view import CheckpointView
 
+__all__ = ["DIGESTS_KEY", "HashStats", "check_digests"]
+
 DIGESTS_KEY = "shard_sha256"
 
 

@@ -712,22 +712,7 @@ def describe_presharded(compiled_dir: str) -> dict[str, Any] | None:
 
 
 __all__ = [
-    "MANIFEST_FILE",
-    "SHARD_SETTINGS",
-    "Manifest",
-    "ManifestError",
-    "RankEntry",
-    "ShardedCheck",
-    "ShardedWeightsError",
-    "Source",
-    "changed_since",
-    "check_presharded",
-    "describe_presharded",
-    "manifest_summary",
-    "read_manifest",
-    "refusal",
-    "remove_manifest",
-    "shard_settings",
-    "source_fingerprint",
-    "write_manifest",
+    "MANIFEST_FILE", "SHARD_SETTINGS", "Manifest", "ManifestError", "RankEntry", "ShardedCheck",
+    "ShardedWeightsError", "Source", "changed_since", "check_presharded", "describe_presharded", "manifest_summary",
+    "read_manifest", "refusal", "remove_manifest", "shard_settings", "source_fingerprint", "write_manifest",
 ]

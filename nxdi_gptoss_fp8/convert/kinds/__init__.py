@@ -1,2 +1,4 @@
 """One module per source kind the converter reads, each following ``SourceKind``.
 """
+
+__all__ = []

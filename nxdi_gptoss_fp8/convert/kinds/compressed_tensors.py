@@ -37,6 +37,11 @@ from ..output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, put_bias
 from ..source import EXPERTS, FLOAT_DTYPES, HF_PREFIX, SourceReader, SourceSpec, non_expert_specs
 from .base import ExpertRows
 
+__all__ = [
+    "FLOAT_QUANTIZED", "GATE_UP_SPLITS", "NAME", "QUANT_METHOD", "SPLIT_HALVES", "SPLIT_HELP", "SPLIT_INTERLEAVED",
+    "CompressedTensorsFp8", "expert_prefix",
+]
+
 NAME = "compressed-tensors-fp8"
 QUANT_METHOD = "compressed-tensors"
 FLOAT_QUANTIZED = "float-quantized"

@@ -21,6 +21,8 @@ from ..output import ExpertStats, Output, Workspace, hf_biases, put_biases, requ
 from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name, non_expert_specs
 from .base import ExpertRows
 
+__all__ = ["NAME", "HfBf16"]
+
 NAME = "hf-bf16"
 
 

@@ -22,6 +22,8 @@ from ..output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, hf_biase
 from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name, non_expert_specs
 from .base import ExpertRows
 
+__all__ = ["ENCODE_ROWS", "NAME", "HfMxfp4"]
+
 NAME = "hf-mxfp4"
 ENCODE_ROWS = 1024
 

@@ -1,0 +1,157 @@
+"""The package layout's rules (README, Layout), read from the source with ``ast``: no import
+circle (``TYPE_CHECKING`` imports included), the tiers import only downward, ``errors`` is a
+leaf, every module declares ``__all__``, and no module grows past ~500 lines unless listed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import nxdi_gptoss_fp8
+
+PKG = "nxdi_gptoss_fp8"
+ROOT = Path(nxdi_gptoss_fp8.__file__).resolve().parent
+MAX_LINES = 500
+# modules allowed over MAX_LINES, and why each must stay one module
+LONG_MODULES = {
+    f"{PKG}.loader": "one load path: binding checks, mapping, runtime-derived entries share one state",
+    f"{PKG}.recognize": "one decision table over every checkpoint kind; split, the order of the rules hides",
+    f"{PKG}.verify": "one verifier walking source and output in step; the strategies share its buffers",
+}
+# stdlib tiers: never torch/numpy at module level, never a torch or NxDI tier
+STDLIB_TIERS = (f"{PKG}.safeio", f"{PKG}.validate")
+HEAVY = {"torch", "numpy", "safetensors", "transformers", "neuronx_distributed_inference", "neuronx_distributed"}
+ABOVE_STDLIB = tuple(f"{PKG}.{m}" for m in ("convert", "forward", "synthetic", "cli", "loader", "nxdi_hook",
+                                             "vllm_plugin", "verify", "hub", "demo", "inspection"))
+# numpy, optional, tried at import (``deep_scan.np`` is None without it: ``--deep`` then says so)
+HEAVY_ALLOWED = {(f"{PKG}.validate.deep_scan", "numpy")}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = (PKG, *path.relative_to(ROOT).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> list[tuple[str, str, int]]:
+    """(imported module, kind, line): kind is 'module', 'type_checking' or 'lazy'."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out: list[tuple[str, str, int]] = []
+
+    def visit(node: ast.AST, kind: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            k = kind
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                k = "lazy"
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test) and kind == "module":
+                k = "type_checking"
+            if isinstance(child, ast.ImportFrom):
+                if child.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - child.level + 1])
+                    base = f"{base}.{child.module}" if child.module else base
+                else:
+                    base = child.module or ""
+                for alias in child.names:
+                    full = f"{base}.{alias.name}"
+                    out.append((full if full in MODULES else base, k, child.lineno))
+            elif isinstance(child, ast.Import):
+                out.extend((alias.name, k, child.lineno) for alias in child.names)
+            visit(child, k)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "module")
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module-level and TYPE_CHECKING imports between the package's modules (a package's
+    ``__init__`` counts as imported by whatever imports one of its modules)."""
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name in MODULES:
+        for target, kind, _line in _imports(name):
+            if kind == "lazy" or target not in MODULES or target == name:
+                continue
+            parts = target.split(".")
+            for n in range(2, len(parts) + 1):
+                parent = ".".join(parts[:n])
+                if parent in MODULES and parent != name and not name.startswith(parent + "."):
+                    graph[name].add(parent)
+    return graph
+
+
+def test_the_walk_finds_the_package() -> None:
+    assert f"{PKG}.validate.pipeline" in MODULES and f"{PKG}.cli" in MODULES and len(MODULES) > 40
+
+
+def test_no_import_circle_not_even_through_type_checking() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}
+    circles: list[list[str]] = []
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append([*path[path.index(nxt):], nxt])
+            elif nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert circles == []
+
+
+def test_errors_is_a_leaf() -> None:
+    assert [t for t, _k, _l in _imports(f"{PKG}.errors") if t.startswith(PKG)] == []
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith(STDLIB_TIERS)))
+def test_stdlib_tiers_import_no_torch_and_no_tier_above(name: str) -> None:
+    bad = []
+    for target, kind, line in _imports(name):
+        root = target.split(".")[0]
+        if root in HEAVY and kind == "module" and (name, root) not in HEAVY_ALLOWED:
+            bad.append(f"line {line}: {target} at module level")
+        if target.startswith(ABOVE_STDLIB) and (target in MODULES or target.split(".")[:2] != [PKG, "convert"]):
+            bad.append(f"line {line}: {target} ({kind})")
+        if name.startswith(f"{PKG}.safeio") and target.startswith(f"{PKG}.validate"):
+            bad.append(f"line {line}: safeio imports the validator ({target})")
+    assert bad == []
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_every_module_declares_all(name: str) -> None:
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    if MODULES[name].name == "__main__.py":
+        return
+    declared = [node for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                and any(isinstance(t, ast.Name) and t.id == "__all__"
+                        for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))]
+    assert declared, f"{name} has no __all__"
+    module = __import__(name, fromlist=["_"]) if not name.startswith(f"{PKG}.forward") else None
+    if module is not None and name != PKG:
+        missing = [n for n in module.__all__ if not hasattr(module, n)]
+        assert missing == [], f"{name}.__all__ names what it does not define: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_small(name: str) -> None:
+    lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
+    if name in LONG_MODULES:
+        return
+    assert lines <= MAX_LINES, f"{name} has {lines} lines: split it, or list it in LONG_MODULES with the reason"
+
+
+def test_every_listed_long_module_exists() -> None:
+    assert set(LONG_MODULES) <= set(MODULES)
