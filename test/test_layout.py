@@ -155,3 +155,15 @@ def test_modules_stay_small(name: str) -> None:
 
 def test_every_listed_long_module_exists() -> None:
     assert set(LONG_MODULES) <= set(MODULES)
+
+
+def test_lazy_top_level_names_are_declared_and_stay_lazy() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, nxdi_gptoss_fp8 as p\n"
+            "lazy = {'register', 'unregister', 'is_registered', 'load_state_dict', 'make_tiny'}\n"
+            "assert lazy <= set(p.__all__) and lazy <= set(dir(p)), sorted(lazy - set(dir(p)))\n"
+            "assert 'torch' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
