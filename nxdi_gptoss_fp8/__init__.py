@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__
 from .errors import (
     CheckpointFormatError,
     ConversionError,
@@ -30,7 +31,6 @@ if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
     from .nxdi_hook import is_registered, register, unregister
     from .synthetic.tiny import make_tiny
 
-__version__ = "0.2.0"
 
 # imported on first use (they need torch or NxDI): module and attribute of each
 _LAZY = {

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 
 VERIFIED, EXPECTED, UNSUPPORTED, ABSENT = "verified", "expected to work", "unsupported", "not installed"
 

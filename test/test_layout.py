@@ -80,8 +80,9 @@ def _graph() -> dict[str, set[str]]:
         for target, kind, _line in _imports(name):
             if kind == "lazy" or target not in MODULES or target == name:
                 continue
+            graph[name].add(target)  # the root too: ``from .. import __version__`` imports the face
             parts = target.split(".")
-            for n in range(2, len(parts) + 1):
+            for n in range(2, len(parts)):
                 parent = ".".join(parts[:n])
                 if parent in MODULES and parent != name and not name.startswith(parent + "."):
                     graph[name].add(parent)

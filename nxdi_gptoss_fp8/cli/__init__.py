@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .. import __version__
 from .. import format as fmt
+from .._version import __version__
 from ..deps import OPTIONAL, missing
 from ..errors import ConfigError, MissingDependencyError, NxdiGptossFp8Error
 from ..nxdi_config import switch_from_env

@@ -17,8 +17,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import __version__
 from .. import format as fmt
+from .._version import __version__
 from ..errors import NotRegularFileError
 from ..hub import is_repo_id
 from ..safeio.files import open_regular

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
 from .. import format as fmt
+from .._version import __version__
 from ..errors import ConversionError
 from ..safeio.files import not_regular_reason, open_regular
 from ..safeio.safetensors_header import HeaderError, TensorInfo, read_header

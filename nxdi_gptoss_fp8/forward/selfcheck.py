@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..support import EnvironmentReport, environment_report
 
 __all__ = [

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import __version__
 from .. import format as fmt
+from .._version import __version__
 from ..errors import IntegrityError, NotRegularFileError, ShardedWeightsError
 from ..nxdi_config import config_attr, neuron_config_view
 from ..progress import Progress

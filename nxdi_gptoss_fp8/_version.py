@@ -1,0 +1,5 @@
+"""The package version, in a leaf: every module may import it without importing the package face."""
+
+__all__ = ["__version__"]
+
+__version__ = "0.2.0"
