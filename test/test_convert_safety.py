@@ -569,3 +569,22 @@ def test_progress_lines_off_a_terminal(sources: dict[str, Path], tmp_path: Path,
     assert "verify 0/2 layers:" in err and "(100%)" in err
     convert(sources[SOURCE_MXFP4], tmp_path / "quiet", progress=False)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("kind", [SOURCE_MXFP4, SOURCE_BF16])
+@pytest.mark.parametrize("command", ["convert", "verify-conversion"])
+def test_the_compressed_tensors_split_option_is_refused_for_other_sources(
+        sources: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, command: str) -> None:
+    """``--ct-gate-up-split`` means something only for compressed-tensors: elsewhere it is a
+    mistake (a wrong SRC, say), refused in one line instead of silently ignored."""
+    if command == "convert":
+        argv = ["convert", str(sources[kind]), str(tmp_path / "out")]
+    else:
+        convert(sources[kind], tmp_path / "out")
+        argv = ["verify-conversion", str(tmp_path / "out"), "--source", str(sources[kind])]
+    code = main([*argv, "--ct-gate-up-split", "halves"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--ct-gate-up-split is for compressed-tensors FP8 sources only" in err, err
+    assert len(err.strip().splitlines()) == 1
+    if command == "convert":
+        assert not (tmp_path / "out").exists() and not hidden_leftovers(tmp_path)

@@ -91,6 +91,9 @@ def open_source(src: str | os.PathLike[str], *, gate_up_split: str | None = None
     root, config, dims, tensors = read_source_files(src)
     kind = _classify(set(tensors))
     check_claimed_dims(os.path.join(root, fmt.CONFIG_FILE), dims, tensors)  # before any work sized by them
+    if gate_up_split is not None and kind.name != SOURCE_COMPRESSED_TENSORS:
+        raise ConversionError(f"--ct-gate-up-split is for compressed-tensors FP8 sources only, and {root} is an "
+                              f"{kind.name} source: drop the option")
     stated = {} if gate_up_split is None else {"gate_up_split": gate_up_split}
     options = kind.resolve(config, dims, tensors, os.path.join(root, fmt.CONFIG_FILE), stated)
     check_tensors(tensors, kind.specs(dims, options), kind.name)
