@@ -178,7 +178,7 @@ HARD_CODED_REASONS: dict[str, str] = {
     "partial_rotary_factor": "NxDI's GPT-OSS rotates the whole head",
 }
 # rope_scaling's members: the ones NxDI reads (rope_type must be yarn: NxDI applies YaRN
-# whatever it says), and the ones it hard-codes (nxdi_config._rope_problems holds the values).
+# whatever it says), and the ones it hard-codes (config_fields._rope_problems holds the values).
 ROPE_TYPE = "yarn"
 ROPE_SCALING_READ: frozenset[str] = frozenset({"rope_type", "type", "factor", "beta_fast", "beta_slow"})
 ROPE_SCALING_HARD_CODED: frozenset[str] = frozenset({

@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import format as fmt
+from ..config_fields import config_field_problems
 from ..errors import ConversionError
-from ..nxdi_config import config_field_problems
 from ..progress import Progress
 from ..writer import CheckpointWriter, parse_size
 from .card import write_model_card
