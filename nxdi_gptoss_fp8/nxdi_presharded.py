@@ -3,7 +3,7 @@ and ``load_weights`` wrappers.
 
 NxDI's ``load_weights`` hands ``weights/tp{rank}_sharded_checkpoint.safetensors`` to the device
 without calling the checkpoint loader. In normalized mode ``shard_weights`` is wrapped to record a
-manifest of the files NxDI just wrote (``validate.presharded.write_manifest``, atomically and last;
+manifest of the files NxDI just wrote (``validate.presharded_manifest.write_manifest``, atomically and last;
 the old one is removed first), and ``load_weights`` to check the ranks it will read against that
 manifest, the loaded NeuronConfig and the source checkpoint before NxDI opens a single file
 (``validate.presharded.check_presharded``; ``ShardedWeightsError`` with every finding). Its own
@@ -33,7 +33,7 @@ SHARD_SOURCES: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar
 
 def fingerprint_or_none(path: str) -> dict[str, Any] | None:
     """The source fingerprint taken before the preflight (None: unreadable, the preflight says why)."""
-    from .validate.presharded import source_fingerprint
+    from .validate.presharded_manifest import source_fingerprint
 
     try:
         return source_fingerprint(path)
@@ -42,7 +42,7 @@ def fingerprint_or_none(path: str) -> dict[str, Any] | None:
 
 
 def record_source(sources: list[Any], path: str, fingerprint: dict[str, Any] | None) -> None:
-    from .validate.presharded import Source, source_fingerprint
+    from .validate.presharded_manifest import Source, source_fingerprint
 
     if os.path.abspath(path) not in (source.path for source in sources):  # once per checkpoint
         sources.append(Source(os.path.abspath(path), fingerprint if fingerprint is not None else source_fingerprint(path)))
@@ -80,7 +80,7 @@ def wrap_shard_weights(func: Callable[..., Any], is_normalized: Callable[[Any], 
             compiled = os.fspath(signature.bind(self, *args, **kwargs).arguments["compiled_model_path"])
         except (TypeError, KeyError):
             return func(self, *args, **kwargs)  # let NxDI raise the caller's TypeError
-        from .validate.presharded import Source, remove_manifest, source_fingerprint, write_manifest
+        from .validate.presharded_manifest import Source, remove_manifest, source_fingerprint, write_manifest
 
         if _writes_shards(self.neuron_config) and remove_manifest(compiled):
             logger.info("removed the manifest of the earlier pre-sharded weights in %s before re-sharding", compiled)
