@@ -123,7 +123,7 @@ def plan_writer(source_config: Mapping[str, Any], dims: fmt.ModelDims, out: str 
                 source: Mapping[str, Any] | None = None,
                 extra_files: Mapping[str, str | os.PathLike[str]] | None = None) -> CheckpointWriter:
     """The output side of a conversion, planned and checked (nothing written yet): padded sizes
-    and the shard size within the format's bounds, OUT usable (``writer.output_target``)."""
+    and the shard size within the format's bounds, OUT usable (``output_target.output_target``)."""
     layout = fmt.Layout(dims, _padded(padded_hidden_size, "padded_hidden_size", dims.hidden_size),
                         _padded(padded_intermediate_size, "padded_intermediate_size", dims.intermediate_size))
     problems = layout.padding_problems()
