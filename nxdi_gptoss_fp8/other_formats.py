@@ -80,7 +80,7 @@ def ct_known_split(transformers_version: Any, nested: bool) -> tuple[str | None,
 
 
 # The namespace findings' hint when the directory is not one ``recognize`` names (it names the
-# kind when it can: checks.foreign_recognition); only HF MXFP4 also loads with NxDI's HF converter.
+# kind when it can: validate.foreign.foreign_recognition); only HF MXFP4 also loads with NxDI's HF converter.
 HF_HINT = (f"this looks like a Hugging Face checkpoint: {convert_advice()} (if it is HF MXFP4, you can also "
            f"{ADVICE_HF_LOAD}; HF BF16 and compressed-tensors it cannot load)")
 LEGACY_HINT = f"this looks like an NxDI legacy (block.N.*) checkpoint: {ADVICE_LEGACY_LOAD}"
