@@ -19,20 +19,14 @@ choices (``normalized_fp8_verify_at_load``, ``normalized_fp8_load_mode``), as at
 NxDI serializes attributes into ``neuron_config.json`` and re-creates the config through the
 same ``__init__`` when compiled artifacts are loaded, so the opt-in survives the round trip.
 
-Pre-sharded weights (``save_sharded_checkpoint=True``): NxDI's ``load_weights`` hands
-``weights/tp{rank}_sharded_checkpoint.safetensors`` to the device without calling the checkpoint
-loader. In normalized mode ``shard_weights`` is wrapped to record a manifest of the files NxDI just
-wrote (``sharded_manifest.write_manifest``, atomically and last; the old one is removed first),
-and ``load_weights`` to check the ranks it will read against that manifest, the loaded
-NeuronConfig and the source checkpoint before NxDI opens a single file
-(``sharded_manifest.check_presharded``; ``ShardedWeightsError`` with every finding).
+Pre-sharded weights (``save_sharded_checkpoint=True``): ``shard_weights`` and ``load_weights`` are
+wrapped by ``nxdi_presharded`` (the manifest written, then checked before NxDI reads a rank file).
 
 Importing this module does not import NxDI; ``register()`` does.
 """
 
 from __future__ import annotations
 
-import contextvars
 import difflib
 import functools
 import importlib
@@ -47,7 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import format as fmt
-from .errors import CheckpointFormatError, IntegrityError, LoadError, PreflightError, RegistrationError
+from .errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError
+from .nxdi_presharded import SHARD_SOURCES, fingerprint_or_none, record_source, wrap_load_weights, wrap_shard_weights
 from .validate.findings import PreflightReport
 from .validate.pipeline import allow_custom_from_env, preflight
 
@@ -193,11 +188,11 @@ def normalized_state_dict(cls: type, model_name_or_path: Any, config: Any) -> di
         raise LoadError("Medusa heads are not supported with normalized FP8 checkpoints (NxDI would "
                         "unpickle medusa_heads.pt, which this format never opens): disable is_medusa")
     path = os.fspath(model_name_or_path)
-    sources = _SHARD_SOURCES.get()
-    fingerprint = _fingerprint_or_none(path) if sources is not None else None
+    sources = SHARD_SOURCES.get()
+    fingerprint = fingerprint_or_none(path) if sources is not None else None
     report = checked_preflight(path, config)
     if sources is not None:
-        _record_source(sources, path, fingerprint)
+        record_source(sources, path, fingerprint)
     loaded = load_checkpoint(path, config, report=report)
     if logger.isEnabledFor(logging.INFO):
         logger.info("%s: %s", path, loaded.describe().replace("\n", "; "))
@@ -208,117 +203,6 @@ def normalized_state_dict(cls: type, model_name_or_path: Any, config: Any) -> di
     if prefix:
         state_dict = {f"{prefix}.{key}": tensor for key, tensor in state_dict.items()}
     return state_dict
-
-
-# --------------------------------------------------------------------------- pre-sharded weights
-
-# the checkpoints the normalized loader read during one shard_weights call (None outside one)
-_SHARD_SOURCES: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("nxdi_gptoss_fp8_shard_sources", default=None)
-
-
-def _fingerprint_or_none(path: str) -> dict[str, Any] | None:
-    """The source fingerprint taken before the preflight (None: unreadable, the preflight says why)."""
-    from .validate.presharded import source_fingerprint
-
-    try:
-        return source_fingerprint(path)
-    except (OSError, IntegrityError):
-        return None
-
-
-def _record_source(sources: list[Any], path: str, fingerprint: dict[str, Any] | None) -> None:
-    from .validate.presharded import Source, source_fingerprint
-
-    if os.path.abspath(path) not in (source.path for source in sources):  # once per checkpoint
-        sources.append(Source(os.path.abspath(path), fingerprint if fingerprint is not None else source_fingerprint(path)))
-
-
-def _writes_shards(neuron_config: Any) -> bool:
-    """Whether NxDI's ``shard_weights`` writes rank files with this config (and ``load_weights`` reads them)."""
-    return bool(getattr(neuron_config, "save_sharded_checkpoint", False)) and not getattr(neuron_config, "skip_sharding", False)
-
-
-def _loader_source(app: Any) -> str:
-    """The directory NxDI's ``checkpoint_loader_fn`` reads (its config's directory, else the model
-    path; ``quantized_checkpoints_path`` when quantized)."""
-    config_dir = getattr(app.config, "_name_or_path", None)
-    path = config_dir if isinstance(config_dir, str) and os.path.exists(config_dir) else app.model_path
-    quantized = getattr(app.neuron_config, "quantized_checkpoints_path", None) if getattr(app.neuron_config, "quantized", False) else None
-    return os.fspath(quantized or path)
-
-
-def _ranks(neuron_config: Any, start: Any = None, count: Any = None) -> range:
-    start = neuron_config.start_rank_id if start is None else start
-    count = neuron_config.local_ranks_size if count is None else count
-    return range(int(start), int(start) + int(count))
-
-
-def _wrap_shard_weights(func: Callable[..., Any]) -> Callable[..., Any]:
-    signature = inspect.signature(func)
-
-    def shard_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not normalized_mode(getattr(self, "config", None)):
-            return func(self, *args, **kwargs)
-        try:
-            compiled = os.fspath(signature.bind(self, *args, **kwargs).arguments["compiled_model_path"])
-        except (TypeError, KeyError):
-            return func(self, *args, **kwargs)  # let NxDI raise the caller's TypeError
-        from .validate.presharded import Source, remove_manifest, source_fingerprint, write_manifest
-
-        if _writes_shards(self.neuron_config) and remove_manifest(compiled):
-            logger.info("removed the manifest of the earlier pre-sharded weights in %s before re-sharding", compiled)
-        sources: list[Any] = []
-        token = _SHARD_SOURCES.set(sources)
-        try:
-            result = func(self, *args, **kwargs)
-        finally:
-            _SHARD_SOURCES.reset(token)
-        if not _writes_shards(self.neuron_config):
-            return result
-        if not sources:  # NxD reused state dicts without calling the loader: bind what it would read
-            path = _loader_source(self)
-            sources.append(Source(os.path.abspath(path), source_fingerprint(path)))
-        manifest = write_manifest(compiled, ranks=_ranks(self.neuron_config), config=self.config, sources=sources)
-        logger.info("recorded %d pre-sharded rank files of %s (from %s) in their manifest", len(manifest.ranks),
-                    compiled, ", ".join(source.path for source in sources))
-        return result
-
-    return shard_weights
-
-
-def _wrap_load_weights(func: Callable[..., Any]) -> Callable[..., Any]:
-    signature = inspect.signature(func)
-
-    def load_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # NxDI reads the rank files whenever save_sharded_checkpoint is set (skip_sharding only
-        # stops shard_weights writing them)
-        if not normalized_mode(getattr(self, "config", None)) or not getattr(self.neuron_config, "save_sharded_checkpoint", False):
-            return func(self, *args, **kwargs)  # HF/legacy, or sharded at load (the preflight runs then)
-        try:
-            arguments = signature.bind(self, *args, **kwargs).arguments
-        except TypeError:
-            return func(self, *args, **kwargs)
-        from .loader import LoadPolicy
-        from .validate.presharded import changed_since, check_presharded, refusal
-
-        compiled = os.fspath(arguments["compiled_model_path"])
-        ranks = _ranks(self.neuron_config, arguments.get("start_rank_id"), arguments.get("local_ranks_size"))
-        verify = LoadPolicy.resolve(self.config).verify_digests
-        check = check_presharded(compiled, ranks=ranks, config=self.config, verify=verify, progress=None)
-        if not check.ok:
-            error = refusal(check)
-            logger.error("%s", error)
-            raise error
-        logger.info("pre-sharded weights of %s: ranks %d…%d match their manifest%s (%.1f ms)", compiled, ranks.start,
-                    ranks.stop - 1, " and digests" if verify else "", check.elapsed_s * 1000)
-        result = func(self, *args, **kwargs)
-        changes = changed_since(check)
-        if changes:
-            raise IntegrityError(f"pre-sharded weights of {compiled} changed while NxDI read them: {'; '.join(changes)}; "
-                                 "the model must not be used: load again once the files are stable")
-        return result
-
-    return load_weights
 
 
 # --------------------------------------------------------------------------- wrappers
@@ -433,8 +317,10 @@ _PATCHES = (
     _Patch("app", "save_quantized_state_dict", classmethod, ("cls", "model_path", "config"), _wrap_save_quantized),
     _Patch("app", "generate_quantized_state_dict", classmethod, ("cls", "model_path", "config"), _wrap_generate_quantized),
     _Patch("app", "checkpoint_loader_fn", type(lambda: None), ("self", "mmap"), None),
-    _Patch("app", "shard_weights", type(lambda: None), ("self", "compiled_model_path"), _wrap_shard_weights),
-    _Patch("app", "load_weights", type(lambda: None), ("self", "compiled_model_path"), _wrap_load_weights),
+    _Patch("app", "shard_weights", type(lambda: None), ("self", "compiled_model_path"),
+           functools.partial(wrap_shard_weights, is_normalized=normalized_mode)),
+    _Patch("app", "load_weights", type(lambda: None), ("self", "compiled_model_path"),
+           functools.partial(wrap_load_weights, is_normalized=normalized_mode)),
     _Patch("neuron_config", "__init__", type(lambda: None), ("self",), _wrap_neuron_config_init),
 )
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import format as fmt
+from . import other_formats
 from .errors import NotRegularFileError
 from .safeio.files import file_kind, not_regular_reason, open_regular
 from .safeio.safetensors_header import HeaderError, read_header
@@ -352,14 +353,14 @@ def _recognize_weights(rec: Recognition, reader: _Reader, entries: Mapping[str, 
         if method != "mxfp4":
             rec.notes.append(f"{fmt.CONFIG_FILE} should declare quant_method 'mxfp4' beside MXFP4 tensors: "
                              "config and weights may come from different sets (convert refuses the pair)")
-        rec.actions = [fmt.ADVICE_HF_LOAD, fmt.convert_advice(root)]
+        rec.actions = [other_formats.ADVICE_HF_LOAD, other_formats.convert_advice(root)]
     elif (name := _first(names, _HF_DENSE)) is not None:
         rec.kind = HF_BF16
         rec.evidence.append(f"{source}: {name} (dense fused experts)")
         if method is not None:
             rec.notes.append(f"{fmt.CONFIG_FILE} declares quantization_config.quant_method {method!r}, "
                              "which dense expert tensors contradict: config and weights may come from different sets")
-        rec.actions = [fmt.convert_advice(root)]
+        rec.actions = [other_formats.convert_advice(root)]
         rec.notes.append("NxDI's HF converter reads only the MXFP4 layout (…_blocks/_scales): it cannot load this directly")
     elif (name := _first(names, _PER_EXPERT)) is not None:
         rec.evidence.append(f"{source}: {name} (per-expert linear layers)")
@@ -428,15 +429,15 @@ def _compressed_tensors(rec: Recognition, quant: Mapping[str, Any], names: list[
     else:
         rec.kind = COMPRESSED_TENSORS_FP8
         version = config.get("transformers_version") if isinstance(config, Mapping) else None
-        split, why = fmt.ct_known_split(version, _first(names, _NESTED_EXPERT) is not None)
+        split, why = other_formats.ct_known_split(version, _first(names, _NESTED_EXPERT) is not None)
         if split is None:
             rec.evidence.append(f"{fmt.CONFIG_FILE}: transformers_version {version!r} with experts.E names: "
                                 "the gate/up split cannot be told from the files")
-            rec.actions = [f"convert it with `{fmt.CONVERT_COMMAND} {root} OUT --ct-gate-up-split interleaved|halves`: "
-                           f"the files cannot tell the gate/up split; state it with {fmt.CT_SPLIT_HELP}"]
+            rec.actions = [f"convert it with `{other_formats.CONVERT_COMMAND} {root} OUT --ct-gate-up-split interleaved|halves`: "
+                           f"the files cannot tell the gate/up split; state it with {other_formats.CT_SPLIT_HELP}"]
         else:
             rec.evidence.append(f"gate/up split {split}: {why}")
-            rec.actions = [fmt.convert_advice(root)]
+            rec.actions = [other_formats.convert_advice(root)]
         rec.notes.append("NxDI cannot load compressed-tensors checkpoints directly (no CHECKPOINT_FORMAT applies)")
 
 
@@ -462,7 +463,7 @@ def _legacy(rec: Recognition, reader: _Reader, names: list[str], owner: Mapping[
     rec.evidence.append(f"{source}: {first} (NxDI's legacy block.N layout)")
     if expert is not None:
         rec.evidence.append(f"{expert}: {dtype or 'dtype not read'}" + (f"; {scale} present" if scale else ""))
-    rec.actions = [fmt.ADVICE_LEGACY_LOAD]
+    rec.actions = [other_formats.ADVICE_LEGACY_LOAD]
 
 
 def _compiled_artifacts(rec: Recognition, reader: _Reader, entries: Mapping[str, bool]) -> None:

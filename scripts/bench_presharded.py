@@ -44,6 +44,7 @@ sys.path.insert(0, ROOT)
 
 from nxdi_gptoss_fp8.units import format_bytes, format_duration  # noqa: E402
 from nxdi_gptoss_fp8.validate import presharded as sm  # noqa: E402
+from nxdi_gptoss_fp8.validate import presharded_manifest as pm  # noqa: E402
 
 TP = 64
 DTYPE_BYTES = {"BF16": 2, "F32": 4, "F8_E4M3": 1, "I32": 4}
@@ -123,21 +124,21 @@ def bench_check(workdir: str, load_file_ranks: int) -> None:
     from safetensors.torch import load_file
 
     compiled = os.path.join(workdir, "compiled-120b-tp64")
-    weights = os.path.join(compiled, sm.WEIGHTS_DIR)
+    weights = os.path.join(compiled, pm.WEIGHTS_DIR)
     os.makedirs(weights)
     tensors = rank_tensors()
-    sizes = [write_sparse_rank(os.path.join(weights, sm.rank_file(r)), tensors) for r in range(TP)]
+    sizes = [write_sparse_rank(os.path.join(weights, pm.rank_file(r)), tensors) for r in range(TP)]
     config = {"tp_degree": TP, "world_size": TP, "torch_dtype": "bfloat16"}
     # the manifest a compile would write (hashing holes is pointless here: digests of the real files)
     entries = {}
     header_raw = None
     for rank in range(TP):
-        read = sm._read_rank(os.path.join(weights, sm.rank_file(rank)), sm.SAMPLE_BLOCKS, sm.SAMPLE_BLOCK)
+        read = pm.read_rank(os.path.join(weights, pm.rank_file(rank)), pm.SAMPLE_BLOCKS, pm.SAMPLE_BLOCK)
         header_raw = read.header
-        entries[rank] = sm.RankEntry(rank, sm.rank_file(rank), sizes[rank], hashlib.sha256(read.header).hexdigest(),
+        entries[rank] = pm.RankEntry(rank, pm.rank_file(rank), sizes[rank], hashlib.sha256(read.header).hexdigest(),
                                      read.sample_sha256, "0" * 64)
-    manifest = sm.Manifest(TP, TP, entries, sm.shard_settings(config), [], written_at="bench")
-    with open(sm.manifest_path(compiled), "w") as handle:
+    manifest = pm.Manifest(TP, TP, entries, pm.shard_settings(config), [], written_at="bench")
+    with open(pm.manifest_path(compiled), "w") as handle:
         json.dump(manifest.to_dict(), handle)
     assert header_raw is not None
     total = sum(sizes)
@@ -153,7 +154,7 @@ def bench_check(workdir: str, load_file_ranks: int) -> None:
     median = statistics.median(times)
     per_rank = []
     for rank in range(load_file_ranks):
-        path = os.path.join(weights, sm.rank_file(rank))
+        path = os.path.join(weights, pm.rank_file(rank))
         per_rank.append(_timed(lambda path=path: load_file(path)))
     load_rank = statistics.median(per_rank)
     load_all = load_rank * TP if load_file_ranks < TP else sum(per_rank)
@@ -171,19 +172,19 @@ def bench_write(workdir: str, ranks: int, rank_mb: int) -> None:
     from safetensors.torch import save_file
 
     compiled = os.path.join(workdir, "compiled-real")
-    weights = os.path.join(compiled, sm.WEIGHTS_DIR)
+    weights = os.path.join(compiled, pm.WEIGHTS_DIR)
     os.makedirs(weights)
     elements = rank_mb * 1_000_000
     write_times = []
     for rank in range(ranks):
         shard = {"layers.0.feed_forward.moe.expert_mlps.mlp_op.gate_up_proj.weight":
                  torch.randint(0, 256, (elements,), dtype=torch.uint8, generator=torch.Generator().manual_seed(rank))}
-        write_times.append(_timed(lambda shard=shard, rank=rank: save_file(shard, os.path.join(weights, sm.rank_file(rank)))))
+        write_times.append(_timed(lambda shard=shard, rank=rank: save_file(shard, os.path.join(weights, pm.rank_file(rank)))))
         del shard
-    total = sum(os.path.getsize(os.path.join(weights, sm.rank_file(r))) for r in range(ranks))
+    total = sum(os.path.getsize(os.path.join(weights, pm.rank_file(r))) for r in range(ranks))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     single = sha256_rate()
-    hashing = _timed(lambda: sm.write_manifest(compiled, ranks=range(ranks), config={"tp_degree": ranks}, sources=[],
+    hashing = _timed(lambda: pm.write_manifest(compiled, ranks=range(ranks), config={"tp_degree": ranks}, sources=[],
                                                progress=False))
     rate = total / hashing
     target = 0.8 * single * cores

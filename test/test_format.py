@@ -1,4 +1,4 @@
-"""The contract as code: namespace counts and sizes, profiles, name classifiers."""
+"""The contract as code: namespace counts and sizes, profiles, sidecar names."""
 
 from __future__ import annotations
 
@@ -42,42 +42,6 @@ def test_padding_rules(padded_h: int, padded_i: int, problems: int) -> None:
     assert len(fmt.Layout(fmt.PROFILES[fmt.PROFILE_20B], padded_h, padded_i).padding_problems()) == problems
 
 
-@pytest.mark.parametrize(
-    ("key", "derived"),
-    [
-        ("rank_util.rank", True),
-        ("layers.7.self_attn.rank_util.rank", True),
-        ("embed_tokens.rank_util.rank", True),
-        ("layers.0.self_attn.tkg_learned_sinks.sink", True),
-        ("lm_head.bias", True),
-        ("layers.2.self_attn.Wqkv.weight", True),
-        ("layers.2.input_layernorm.weight_unpadded", True),
-        ("norm.weight_unpadded", True),
-        ("norm.weight", False),
-        ("layers.0.self_attn.learned_sinks.sink", False),
-    ],
-)
-def test_derived_keys(key: str, derived: bool) -> None:
-    assert (fmt.derived_reason(key) is not None) is derived
-
-
-@pytest.mark.parametrize(
-    ("key", "code"),
-    [
-        ("model.layers.0.input_layernorm.weight", "hf_name"),
-        ("layers.0.mlp.experts.gate_up_proj_blocks", "hf_name"),
-        ("layers.0.mlp.experts.down_proj_scales", "hf_name"),
-        ("layers.0.self_attn.sinks", "hf_name"),
-        ("block.3.mlp.mlp1_weight", "legacy_name"),
-        ("embedding.weight", "legacy_name"),
-        ("layers.0.input_layernorm.weight", None),
-    ],
-)
-def test_foreign_names(key: str, code: str | None) -> None:
-    found = fmt.foreign_name(key)
-    assert (found[0] if found else None) == code
-
-
 def test_dims_from_config_aliases_and_errors() -> None:
     config = fmt.hf_config(fmt.PROFILES[fmt.PROFILE_20B])
     assert fmt.dims_from_config(config) == fmt.PROFILES[fmt.PROFILE_20B]
@@ -100,7 +64,3 @@ def test_sidecar_key_helpers() -> None:
     assert fmt.scale_key_for(weight) == f"layers.1.{fmt.DOWN}.scale"
     assert fmt.weight_key_for(fmt.scale_key_for(weight)) == weight
     assert fmt.is_expert_scale(f"layers.1.{fmt.DOWN}.scale") and not fmt.is_expert_scale(weight)
-    assert fmt.is_stray_scale("layers.0.self_attn.q_proj.weight_scale")
-    assert not fmt.is_stray_scale(f"layers.1.{fmt.DOWN}.scale")
-    assert fmt.is_stray_scale(f"layers.1.{fmt.DOWN}.SCALE")
-    assert fmt.is_stray_scale("layers.0.self_attn.q_proj.scale.weight")

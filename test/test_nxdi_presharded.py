@@ -29,6 +29,7 @@ from nxdi_gptoss_fp8 import nxdi_hook
 from nxdi_gptoss_fp8.synthetic.sources import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
 from nxdi_gptoss_fp8.validate import presharded as sm
+from nxdi_gptoss_fp8.validate import presharded_manifest as pm
 
 pytestmark = [pytest.mark.nxdi, pytest.mark.filterwarnings("ignore")]
 
@@ -95,7 +96,7 @@ def test_real_methods_are_the_ones_driven(modeling: ModuleType, mode: None) -> N
 
 
 def test_clean_compile_then_load_hands_nxdi_exactly_the_written_shards(scene: cases.Scene) -> None:
-    manifest = sm.read_manifest(str(scene.compiled))
+    manifest = pm.read_manifest(str(scene.compiled))
     assert sorted(manifest.ranks) == list(range(cases.TP)) and manifest.sources[0].path == str(scene.ckpt.resolve())
     app = cases.load_app(scene.modeling, scene.compiled, scene.ckpt)
     loaded = cases.load(app, scene.compiled)
@@ -124,7 +125,7 @@ def test_each_tampering_gets_its_outcome_before_initialize(scene: cases.Scene, n
 def test_an_interrupted_shard_step_leaves_no_manifest(scene: cases.Scene) -> None:
     with pytest.raises(RuntimeError, match="interrupted"):
         cases.compile_shards(scene.modeling, scene.ckpt, scene.compiled, fail_after_rank=0)
-    assert not (scene.weights / sm.MANIFEST_FILE).exists()
+    assert not (scene.weights / pm.MANIFEST_FILE).exists()
 
 
 def test_shard_on_load_reaches_nxdi_unchanged(modeling: ModuleType, mode: None, tiny_template: Path, tmp_path: Path) -> None:
@@ -152,10 +153,10 @@ def test_hf_and_legacy_compile_and_load_are_nxdis_bit_for_bit(modeling: ModuleTy
             loaded = cases.load(cases.load_app(modeling, compiled, source), compiled)
             assert loaded is not None
             results[hooked] = (sorted(p.name for p in (compiled / "weights").iterdir()),
-                               [(compiled / "weights" / sm.rank_file(r)).read_bytes() for r in range(cases.TP)], loaded)
+                               [(compiled / "weights" / pm.rank_file(r)).read_bytes() for r in range(cases.TP)], loaded)
     finally:
         nxdi_hook.unregister()
-    assert results[True][0] == results[False][0] == [sm.rank_file(r) for r in range(cases.TP)]
+    assert results[True][0] == results[False][0] == [pm.rank_file(r) for r in range(cases.TP)]
     assert results[True][1] == results[False][1]
     assert cases.same_weights(results[True][2].weights, results[False][2].weights)
 

@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8 import other_formats
 from nxdi_gptoss_fp8 import recognize as rz
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_gptoss_fp8.writer import build_header
@@ -145,7 +146,7 @@ def test_hint_is_one_line_naming_kind_and_fixes(tmp_path: Path) -> None:
     source = make_source(tmp_path / "hf", original=False)
     hint = rz.recognize(source).hint()
     assert "\n" not in hint
-    assert hint == (f"{source} is an HF MXFP4 checkpoint (openai layout): {fmt.ADVICE_HF_LOAD}, "
+    assert hint == (f"{source} is an HF MXFP4 checkpoint (openai layout): {other_formats.ADVICE_HF_LOAD}, "
                     f"or convert it with `nxdi-gptoss-fp8 convert {source} OUT`")
 
 
@@ -354,7 +355,7 @@ def test_compressed_tensors_ambiguous_split_names_the_option(tmp_path: Path, ver
     assert found.kind == rz.COMPRESSED_TENSORS_FP8, found.render_text()
     action = " ".join(found.actions)
     assert ("--ct-gate-up-split interleaved|halves" in action) is needs_split
-    assert (fmt.CT_SPLIT_HELP in action) is needs_split
+    assert (other_formats.CT_SPLIT_HELP in action) is needs_split
     assert "nxdi-gptoss-fp8 convert" in action
     if not needs_split:
         assert any("gate/up split interleaved" in item for item in found.evidence), found.evidence

@@ -27,6 +27,7 @@ from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.errors import IntegrityError
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_gptoss_fp8.validate import presharded as sm
+from nxdi_gptoss_fp8.validate import presharded_manifest as pm
 
 pytestmark = pytest.mark.filterwarnings("ignore:stand-in cast rule keeps scale")
 
@@ -55,7 +56,7 @@ def scene(nxdi: SimpleNamespace, tiny_template: Path, tmp_path: Path, monkeypatc
 
 
 def test_compile_writes_a_manifest_of_exactly_the_written_rank_files(scene: cases.Scene) -> None:
-    manifest = sm.read_manifest(str(scene.compiled))
+    manifest = pm.read_manifest(str(scene.compiled))
     assert sorted(manifest.ranks) == [0, 1] and manifest.tp_degree == cases.TP == manifest.world_size
     for rank, entry in manifest.ranks.items():
         path = scene.rank(rank)
@@ -64,7 +65,7 @@ def test_compile_writes_a_manifest_of_exactly_the_written_rank_files(scene: case
     assert manifest.ranks[0].header_sha256 == manifest.ranks[1].header_sha256  # every rank's header alike
     assert manifest.ranks[0].sample_sha256 != manifest.ranks[1].sample_sha256  # the sampled data are not
     assert [s.path for s in manifest.sources] == [str(scene.ckpt.resolve())]
-    assert manifest.sources[0].fingerprint == sm.source_fingerprint(str(scene.ckpt))
+    assert manifest.sources[0].fingerprint == pm.source_fingerprint(str(scene.ckpt))
     assert manifest.settings["tp_degree"] == 2 and manifest.settings["torch_dtype"] == "bfloat16"
     assert manifest.settings["modules_to_not_convert"] == ["lm_head", "self_attn"]
     assert not [p for p in scene.weights.iterdir() if p.name.startswith(".")]  # no temporary left
@@ -152,7 +153,7 @@ def test_a_rank_file_swapped_while_nxdi_reads_it_is_refused(scene: cases.Scene, 
 def test_an_interrupted_shard_step_leaves_no_manifest(scene: cases.Scene) -> None:
     with pytest.raises(RuntimeError, match="interrupted"):
         cases.compile_shards(scene.modeling, scene.ckpt, scene.compiled, fail_after_rank=0)
-    assert not (scene.weights / sm.MANIFEST_FILE).exists()  # the earlier one was removed first
+    assert not (scene.weights / pm.MANIFEST_FILE).exists()  # the earlier one was removed first
     with pytest.raises(sm.ShardedWeightsError) as caught:
         cases.load(cases.load_app(scene.modeling, scene.compiled, scene.ckpt), scene.compiled)
     assert caught.value.codes == ["presharded.no_manifest"]
@@ -214,8 +215,8 @@ def test_hf_and_legacy_compile_and_load_are_nxdis_bit_for_bit(nxdi: SimpleNamesp
         loaded = cases.load(cases.load_app(nxdi.modeling_gpt_oss, compiled, source), compiled)
         assert loaded is not None
         results[hooked] = (sorted(p.name for p in (compiled / "weights").iterdir()),
-                           [(compiled / "weights" / sm.rank_file(r)).read_bytes() for r in range(cases.TP)], loaded)
-    assert results[True][0] == results[False][0] == [sm.rank_file(r) for r in range(cases.TP)]  # no manifest
+                           [(compiled / "weights" / pm.rank_file(r)).read_bytes() for r in range(cases.TP)], loaded)
+    assert results[True][0] == results[False][0] == [pm.rank_file(r) for r in range(cases.TP)]  # no manifest
     assert results[True][1] == results[False][1]
     assert cases.same_weights(results[True][2].weights, results[False][2].weights)
 
@@ -246,13 +247,13 @@ def test_register_refuses_an_nxdi_whose_load_weights_differs(nxdi: SimpleNamespa
 def test_read_manifest_never_raises_anything_but_manifest_error(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
     compiled = tmp_path_factory.mktemp("c")
     (compiled / "weights").mkdir()
-    (compiled / "weights" / sm.MANIFEST_FILE).write_bytes(data)
-    with pytest.raises(sm.ManifestError):
-        sm.read_manifest(str(compiled))
+    (compiled / "weights" / pm.MANIFEST_FILE).write_bytes(data)
+    with pytest.raises(pm.ManifestError):
+        pm.read_manifest(str(compiled))
 
 
 def _valid_manifest(scene: cases.Scene) -> dict[str, Any]:
-    return json.loads((scene.weights / sm.MANIFEST_FILE).read_text())
+    return json.loads((scene.weights / pm.MANIFEST_FILE).read_text())
 
 
 @pytest.mark.parametrize(("edit", "words"), [
@@ -267,15 +268,15 @@ def _valid_manifest(scene: cases.Scene) -> dict[str, Any]:
 def test_a_malformed_manifest_names_the_field(scene: cases.Scene, edit: Any, words: str) -> None:
     manifest = _valid_manifest(scene)
     edit(manifest)
-    (scene.weights / sm.MANIFEST_FILE).write_text(json.dumps(manifest))
-    with pytest.raises(sm.ManifestError, match=words) as caught:
-        sm.read_manifest(str(scene.compiled))
+    (scene.weights / pm.MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(pm.ManifestError, match=words) as caught:
+        pm.read_manifest(str(scene.compiled))
     assert caught.value.code == "bad_manifest"
 
 
 @given(st.integers(0, 1 << 20), st.integers(8, 4096), st.integers(1, 64), st.sampled_from([512, 4096]))
 def test_sample_offsets_stay_in_the_data_section(size: int, data_offset: int, blocks: int, block: int) -> None:
-    spots = sm.sample_offsets(size, data_offset, blocks, block)
+    spots = pm.sample_offsets(size, data_offset, blocks, block)
     for start, count in spots:
         assert data_offset <= start and start + count <= size and count > 0
     assert len(spots) <= blocks
@@ -291,13 +292,13 @@ def test_samples_are_doubled_until_they_tell_ranks_apart(tmp_path: Path) -> None
     base = torch.zeros(1 << 16, dtype=torch.uint8)
     for rank in range(2):
         data = base.clone()
-        path = compiled / "weights" / sm.rank_file(rank)
+        path = compiled / "weights" / pm.rank_file(rank)
         save_file({"w": data}, str(path))
     # rank 1 differs at a byte the 8 default blocks miss
-    offset = cases.unsampled_data_offset_for(compiled / "weights" / sm.rank_file(1), sm.SAMPLE_BLOCKS)
-    cases._flip(compiled / "weights" / sm.rank_file(1), offset)
-    manifest = sm.write_manifest(str(compiled), ranks=range(2), config={"tp_degree": 2}, sources=[], progress=False)
-    assert manifest.sample_blocks > sm.SAMPLE_BLOCKS
+    offset = cases.unsampled_data_offset_for(compiled / "weights" / pm.rank_file(1), pm.SAMPLE_BLOCKS)
+    cases._flip(compiled / "weights" / pm.rank_file(1), offset)
+    manifest = pm.write_manifest(str(compiled), ranks=range(2), config={"tp_degree": 2}, sources=[], progress=False)
+    assert manifest.sample_blocks > pm.SAMPLE_BLOCKS
     assert manifest.ranks[0].sample_sha256 != manifest.ranks[1].sample_sha256
 
 
@@ -356,7 +357,7 @@ def test_inspect_compiled_shows_the_manifest_or_how_to_write_one(scene: cases.Sc
     assert code == 0 and "manifest" in out and "tp_degree 2" in out and str(scene.ckpt.resolve()) in out
     code, out, _ = run(capsys, "inspect", str(scene.compiled), "--json")
     assert json.loads(out)["presharded"]["manifest"]["tp_degree"] == 2
-    (scene.weights / sm.MANIFEST_FILE).unlink()
+    (scene.weights / pm.MANIFEST_FILE).unlink()
     code, out, _ = run(capsys, "inspect", str(scene.compiled))
     assert "without a manifest" in out and "shard_weights(" in out and "refused at load" in out
 
@@ -367,7 +368,7 @@ def test_inspect_of_a_directory_with_only_weights_is_one_verdict(tmp_path: Path,
     from safetensors.torch import save_file
 
     (tmp_path / "d" / "weights").mkdir(parents=True)
-    save_file({"w": torch.zeros(4)}, str(tmp_path / "d" / "weights" / sm.rank_file(0)))
+    save_file({"w": torch.zeros(4)}, str(tmp_path / "d" / "weights" / pm.rank_file(0)))
     _, out, _ = run(capsys, "inspect", str(tmp_path / "d"))
     assert "unknown" not in out and "not a GPT-OSS checkpoint" not in out
     assert "pre-sharded" in out and "neuron_config.json" in out

@@ -24,8 +24,8 @@ def _dims(args: argparse.Namespace, defaults: fmt.ModelDims) -> fmt.ModelDims:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     if args.hf is not None:
         return _make_tiny_source(args)
+    from ..output_target import prepare_output
     from ..synthetic.tiny_stdlib import TINY_DIMS, check_seed, tiny_layout
-    from ..writer import prepare_output
 
     dims = _dims(args, TINY_DIMS)
     max_shard_size = _size(args.max_shard_size)
@@ -104,8 +104,8 @@ def _make_tiny_source(args: argparse.Namespace) -> int:
     option = f"--{'ct-fp8' if args.hf == 'ct-fp8' else 'hf-' + args.hf}"
     if args.padded_hidden_size is not None or args.padded_intermediate_size is not None:
         raise UsageError("a source is never padded: pass --padded-hidden-size/--padded-intermediate-size to convert")
+    from ..output_target import prepare_output
     from ..synthetic.tiny_stdlib import SOURCE_DIMS, check_seed, tiny_layout
-    from ..writer import prepare_output
 
     dims = _dims(args, SOURCE_DIMS)
     try:

@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import format as fmt
+from ..config_fields import config_field_problems
 from ..errors import ConversionError
-from ..nxdi_config import config_field_problems
 from ..progress import Progress
 from ..writer import CheckpointWriter, parse_size
 from .card import write_model_card
@@ -29,6 +29,7 @@ from .kinds.hf_bf16 import NAME as SOURCE_BF16
 from .kinds.hf_bf16 import HfBf16
 from .kinds.hf_mxfp4 import NAME as SOURCE_MXFP4
 from .kinds.hf_mxfp4 import HfMxfp4
+from .layer import convert_layer
 from .output import ConversionReport, ExpertStats, Output, Workspace, copy_padded, output_config, single_threaded_torch
 from .plan import ConversionPlan, PlannedFile, local_reads, plan_conversion
 from .source import (
@@ -43,7 +44,7 @@ from .source import (
 from .workers import ConversionWorkers, lane_buffers, peak_rss, plan_workers, refuse_in_worker_start
 
 __all__ = [
-    "KINDS", "convert", "convert_layer", "logger", "open_source", "plan", "plan_from_hub", "plan_writer",
+    "KINDS", "convert", "logger", "open_source", "plan", "plan_from_hub", "plan_writer",
     "source_kind", "source_specs",
 ]
 
@@ -125,7 +126,7 @@ def plan_writer(source_config: Mapping[str, Any], dims: fmt.ModelDims, out: str 
                 source: Mapping[str, Any] | None = None,
                 extra_files: Mapping[str, str | os.PathLike[str]] | None = None) -> CheckpointWriter:
     """The output side of a conversion, planned and checked (nothing written yet): padded sizes
-    and the shard size within the format's bounds, OUT usable (``writer.output_target``)."""
+    and the shard size within the format's bounds, OUT usable (``output_target.output_target``)."""
     layout = fmt.Layout(dims, _padded(padded_hidden_size, "padded_hidden_size", dims.hidden_size),
                         _padded(padded_intermediate_size, "padded_intermediate_size", dims.intermediate_size))
     problems = layout.padding_problems()
@@ -216,15 +217,6 @@ def plan_from_hub(fetch: Any, out: str | os.PathLike[str], *, padded_hidden_size
     reads += [PlannedFile(shard, fetch.sizes.get(shard), cached=fetch.cached.get(shard, False)) for shard in fetch.shards]
     return plan_conversion(source=f"{fetch.repo_id}@{fetch.commit or fetch.revision or 'main'}", source_format=kind,
                            writer=writer, reads=reads, download_dir=fetch.download_dir)
-
-
-def convert_layer(kind: SourceKind, reader: SourceReader, output: Output, layout: fmt.Layout, workspace: Workspace,
-                  names: list[tuple[str, str]], layer: int) -> list[ExpertStats]:
-    """One layer: its non-expert tensors (``names``: HF name, ours) renamed, cast and padded,
-    then its experts through the source kind. Runs here or in a worker process alike."""
-    for hf_name, name in names:
-        copy_padded(reader, hf_name, output, name)
-    return kind.convert_experts(reader, layer, output, layout, workspace)
 
 
 def convert(
@@ -318,7 +310,7 @@ def convert(
                 bar.set_description(f"convert {layer + 1}/{dims.num_hidden_layers} layers")
             process_peak = peak_rss()
         else:  # the layers in worker processes, the globals here meanwhile; merged in layer order
-            with ConversionWorkers(plan, source, layout, writer, by_layer) as layer_workers:
+            with ConversionWorkers(plan, source, kind, layout, writer, by_layer) as layer_workers:
                 for outcome in layer_workers.convert(range(dims.num_hidden_layers), bar, copy_globals):
                     outcome.record(writer, output)
                     stats += outcome.stats

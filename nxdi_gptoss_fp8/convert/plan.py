@@ -16,8 +16,9 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import ConversionError
+from ..output_target import free_bytes
 from ..units import format_bytes, plural
-from ..writer import CheckpointWriter, free_bytes
+from ..writer import CheckpointWriter
 from .output import CHUNK_BYTES, Workspace
 
 __all__ = [

@@ -399,6 +399,7 @@ class ConvertJob:
     """What every conversion worker is set up with (pickled once per process)."""
 
     source: Any
+    kind: Any  # the source's SourceKind (stateless, pickled by class)
     layout: fmt.Layout
     tmp: str
     planned: dict[str, PlannedTensor]
@@ -415,9 +416,9 @@ def _setup_convert(job: ConvertJob) -> None:
 
 
 def _convert_layer(layer: int) -> LayerOutcome:
-    """One layer in a worker, through the same ``pipeline.convert_layer`` a one-process run uses."""
+    """One layer in a worker, through the same ``layer.convert_layer`` a one-process run uses."""
+    from .layer import convert_layer
     from .output import Output, Workspace
-    from .pipeline import convert_layer, source_kind
     from .source import SourceReader
 
     job: ConvertJob = _WORKER["job"]
@@ -429,7 +430,7 @@ def _convert_layer(layer: int) -> LayerOutcome:
     shards.written = {}
     output = Output(shards, SharedProgress(job.progress), _WORKER["write"])  # type: ignore[arg-type]
     with SourceReader(job.source) as reader:
-        stats = convert_layer(source_kind(job.source), reader, output, job.layout, _WORKER["workspace"],
+        stats = convert_layer(job.kind, reader, output, job.layout, _WORKER["workspace"],
                               job.by_layer[layer], layer)
     return LayerOutcome(layer, stats, dict(shards.written), output.bytes, output.fp8_bytes, peak_rss())
 
@@ -438,11 +439,11 @@ class ConversionWorkers:
     """The worker processes of one conversion, around its ``CheckpointWriter`` (whose partial
     directory and plan they write into); a progress bar follows the bytes they write."""
 
-    def __init__(self, plan: WorkerPlan, source: Any, layout: fmt.Layout, writer: CheckpointWriter,
+    def __init__(self, plan: WorkerPlan, source: Any, kind: Any, layout: fmt.Layout, writer: CheckpointWriter,
                  by_layer: dict[int, list[tuple[str, str]]]) -> None:
         assert writer.tmp is not None, "the writer's block must be entered first"
         self._counter = multiprocessing.get_context("spawn").Value("q", 0)
-        job = ConvertJob(source, layout, writer.tmp, dict(writer.planned), by_layer, plan.lanes, self._counter)
+        job = ConvertJob(source, kind, layout, writer.tmp, dict(writer.planned), by_layer, plan.lanes, self._counter)
         self._pool = LayerPool(plan.processes, _setup_convert, (job,))
         self.peak_rss = 0
 

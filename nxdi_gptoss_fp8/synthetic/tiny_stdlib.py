@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import format as fmt
-from ..nxdi_config import config_field_problems
+from ..config_fields import config_field_problems
 from ..validate.deep_scan import padding_region
 from ..writer import CheckpointWriter
 

@@ -8,10 +8,10 @@ import os
 from typing import Any
 
 from .. import format as fmt
+from ..config_fields import config_field_problems
 from ..nxdi_config import (
     Problem,
     bounded_int,
-    config_field_problems,
     has_model_fields,
     model_config_problems,
     model_part,

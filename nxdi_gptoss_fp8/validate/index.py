@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from .. import format as fmt
+from .. import other_formats
 from ..nxdi_config import bounded_int, describe
 from .directory import _read_json_file, _shard_name_problem
 from .findings import MAX_FINDINGS_PER_CODE, PreflightReport
@@ -87,7 +88,7 @@ def _check_metadata_fields(view: CheckpointView, report: PreflightReport, metada
         return
     if "format" not in metadata and set(metadata) <= {"total_size", "total_parameters"}:
         advice = _foreign_advice(view) or (
-            f"this is a Hugging Face index: {fmt.convert_advice(view.root)} (an HF MXFP4 checkpoint also loads "
+            f"this is a Hugging Face index: {other_formats.convert_advice(view.root)} (an HF MXFP4 checkpoint also loads "
             "with CHECKPOINT_FORMAT unset)")
         report.add(
             "index", "not_normalized",

@@ -8,6 +8,7 @@ import itertools
 import operator
 
 from .. import format as fmt
+from .. import other_formats
 from .findings import PreflightReport
 from .foreign import _foreign_advice
 from .shards import _first_members
@@ -28,17 +29,17 @@ def _check_namespace(view: CheckpointView, report: PreflightReport) -> None:
         others = (view.weight_map.keys() - expected.keys()) | (view.locations.keys() - expected.keys())
     # names with a hint (derived, HF, legacy, stray scale) are found in one C-speed scan;
     # the rest are plain unexpected keys, reported up to the cap and counted exactly
-    special = fmt.hinted_names(others)
+    special = other_formats.hinted_names(others)
     for key in sorted(special):
         where = view.weight_map.get(key) or (view.locations.get(key) or [None])[0]
-        reason = fmt.derived_reason(key)
-        foreign = fmt.foreign_name(key)
+        reason = other_formats.derived_reason(key)
+        foreign = other_formats.foreign_name(key)
         if reason:
             report.add("namespace", "derived_key", f"{key} is {reason} at load time and must not be stored: remove it", file=where, key=key)
         elif foreign:
             hint = (_foreign_advice(view) if foreign[0] == "hf_name" else None) or foreign[1]
             report.add("namespace", foreign[0], f"{key} is not a normalized name; {hint}", file=where, key=key)
-        elif fmt.is_stray_scale(key):
+        elif other_formats.is_stray_scale(key):
             report.add("sidecar", "stray_scale", f"{key} is a scale the format does not have (only the expert .scale sidecars exist): remove it", file=where, key=key)
         elif expected is not None:
             report.add("namespace", "unexpected_key", f"{key} is not part of the format: remove it", file=where, key=key)

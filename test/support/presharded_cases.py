@@ -30,7 +30,7 @@ from nxdi_standin.model_builder import RecordingTracedModel, ShardingBuilder
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
-from nxdi_gptoss_fp8.validate import presharded as sm
+from nxdi_gptoss_fp8.validate import presharded_manifest as pm
 
 TP = 2
 FP8_NEURON_CONFIG: dict[str, Any] = {
@@ -110,7 +110,7 @@ def same_weights(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tenso
 
 
 def files_on_disk(compiled: Path, ranks: range = range(TP)) -> list[dict[str, torch.Tensor]]:
-    return [load_file(str(compiled / "weights" / sm.rank_file(rank))) for rank in ranks]
+    return [load_file(str(compiled / "weights" / pm.rank_file(rank))) for rank in ranks]
 
 
 # --------------------------------------------------------------------------- tamperings
@@ -130,7 +130,7 @@ class Scene:
         return self.compiled / "weights"
 
     def rank(self, rank: int) -> Path:
-        return self.weights / sm.rank_file(rank)
+        return self.weights / pm.rank_file(rank)
 
 
 def _truncate(scene: Scene) -> dict[str, Any]:
@@ -164,14 +164,14 @@ def _header_byte(scene: Scene) -> dict[str, Any]:
 
 def unsampled_data_offset(path: Path) -> int:
     """A data byte of the rank file that the default check's sampled blocks do not cover."""
-    manifest = sm.read_manifest(str(path.parent.parent))
+    manifest = pm.read_manifest(str(path.parent.parent))
     return unsampled_data_offset_for(path, manifest.sample_blocks, manifest.sample_block_size)
 
 
-def unsampled_data_offset_for(path: Path, blocks: int, block_size: int = sm.SAMPLE_BLOCK) -> int:
+def unsampled_data_offset_for(path: Path, blocks: int, block_size: int = pm.SAMPLE_BLOCK) -> int:
     size = path.stat().st_size
     data_offset = 8 + int.from_bytes(path.read_bytes()[:8], "little")
-    covered = sm.sample_offsets(size, data_offset, blocks, block_size)
+    covered = pm.sample_offsets(size, data_offset, blocks, block_size)
     return next(o for o in range(data_offset, size) if not any(start <= o < start + count for start, count in covered))
 
 
@@ -194,28 +194,28 @@ def _data_byte_unverified(scene: Scene) -> dict[str, Any]:
 
 
 def _sampled_data_byte(scene: Scene) -> dict[str, Any]:
-    manifest = sm.read_manifest(str(scene.compiled))
+    manifest = pm.read_manifest(str(scene.compiled))
     path = scene.rank(1)
     data_offset = 8 + int.from_bytes(path.read_bytes()[:8], "little")
-    offset, _ = sm.sample_offsets(path.stat().st_size, data_offset, manifest.sample_blocks, manifest.sample_block_size)[0]
+    offset, _ = pm.sample_offsets(path.stat().st_size, data_offset, manifest.sample_blocks, manifest.sample_block_size)[0]
     _flip(path, offset)
     return {}
 
 
 def _manifest_missing(scene: Scene) -> dict[str, Any]:
-    (scene.weights / sm.MANIFEST_FILE).unlink()
+    (scene.weights / pm.MANIFEST_FILE).unlink()
     return {}
 
 
 def _manifest_corrupt(scene: Scene) -> dict[str, Any]:
-    (scene.weights / sm.MANIFEST_FILE).write_text('{"format": 1, "format": 2}')
+    (scene.weights / pm.MANIFEST_FILE).write_text('{"format": 1, "format": 2}')
     return {}
 
 
 def _manifest_of_another_compile(scene: Scene) -> dict[str, Any]:
     other_ckpt = Path(make_tiny(scene.tmp / "other-ckpt", seed=7))
     compile_shards(scene.modeling, other_ckpt, scene.tmp / "other-compiled")
-    shutil.copyfile(scene.tmp / "other-compiled" / "weights" / sm.MANIFEST_FILE, scene.weights / sm.MANIFEST_FILE)
+    shutil.copyfile(scene.tmp / "other-compiled" / "weights" / pm.MANIFEST_FILE, scene.weights / pm.MANIFEST_FILE)
     return {}
 
 

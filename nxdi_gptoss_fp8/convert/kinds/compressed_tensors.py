@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ... import format as fmt
+from ... import other_formats
 from ...errors import ConversionError
 from ...safeio.safetensors_header import TensorInfo
 from ..fp8 import FP8_DTYPE, MIN_NORMAL_SCALE, fp8_values
@@ -45,10 +46,10 @@ __all__ = [
 NAME = "compressed-tensors-fp8"
 QUANT_METHOD = "compressed-tensors"
 FLOAT_QUANTIZED = "float-quantized"
-SPLIT_INTERLEAVED = fmt.CT_SPLIT_INTERLEAVED
-SPLIT_HALVES = fmt.CT_SPLIT_HALVES
-GATE_UP_SPLITS = fmt.CT_GATE_UP_SPLITS
-SPLIT_HELP = fmt.CT_SPLIT_HELP
+SPLIT_INTERLEAVED = other_formats.CT_SPLIT_INTERLEAVED
+SPLIT_HALVES = other_formats.CT_SPLIT_HALVES
+GATE_UP_SPLITS = other_formats.CT_GATE_UP_SPLITS
+SPLIT_HELP = other_formats.CT_SPLIT_HELP
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _WEIGHTS = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False}
 _ACTIVATIONS = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
@@ -292,7 +293,7 @@ def _resolve_split(config: dict[str, Any], nested: bool, stated: str | None, con
     (C: halves, or D: even/odd, indistinguishable) only the user can say."""
     if stated is not None and stated not in GATE_UP_SPLITS:
         raise ConversionError(f"gate_up_split is {stated!r}: use one of {', '.join(GATE_UP_SPLITS)}")
-    known, why = fmt.ct_known_split(config.get("transformers_version"), nested)
+    known, why = other_formats.ct_known_split(config.get("transformers_version"), nested)
     if known is not None:
         if stated not in (None, known):
             raise ConversionError(f"{config_path}: gate_up_split {stated!r} contradicts the checkpoint: {why}")

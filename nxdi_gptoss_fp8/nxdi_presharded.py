@@ -1,0 +1,140 @@
+"""The NxDI hook's pre-sharded weights (``save_sharded_checkpoint=True``): the ``shard_weights``
+and ``load_weights`` wrappers.
+
+NxDI's ``load_weights`` hands ``weights/tp{rank}_sharded_checkpoint.safetensors`` to the device
+without calling the checkpoint loader. In normalized mode ``shard_weights`` is wrapped to record a
+manifest of the files NxDI just wrote (``validate.presharded_manifest.write_manifest``, atomically and last;
+the old one is removed first), and ``load_weights`` to check the ranks it will read against that
+manifest, the loaded NeuronConfig and the source checkpoint before NxDI opens a single file
+(``validate.presharded.check_presharded``; ``ShardedWeightsError`` with every finding). Its own
+module because it is one concern with its own state (the sources read during one
+``shard_weights`` call); ``nxdi_hook`` installs these wrappers and passes in its mode decision.
+Importing it does not import NxDI.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .errors import IntegrityError
+
+__all__ = ["SHARD_SOURCES", "fingerprint_or_none", "record_source", "wrap_load_weights", "wrap_shard_weights"]
+
+logger = logging.getLogger(f"{__package__}.nxdi_hook")  # the hook's messages, under the hook's one logger
+
+# the checkpoints the normalized loader read during one shard_weights call (None outside one)
+SHARD_SOURCES: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("nxdi_gptoss_fp8_shard_sources", default=None)
+
+
+def fingerprint_or_none(path: str) -> dict[str, Any] | None:
+    """The source fingerprint taken before the preflight (None: unreadable, the preflight says why)."""
+    from .validate.presharded_manifest import source_fingerprint
+
+    try:
+        return source_fingerprint(path)
+    except (OSError, IntegrityError):
+        return None
+
+
+def record_source(sources: list[Any], path: str, fingerprint: dict[str, Any] | None) -> None:
+    from .validate.presharded_manifest import Source, source_fingerprint
+
+    if os.path.abspath(path) not in (source.path for source in sources):  # once per checkpoint
+        sources.append(Source(os.path.abspath(path), fingerprint if fingerprint is not None else source_fingerprint(path)))
+
+
+def _writes_shards(neuron_config: Any) -> bool:
+    """Whether NxDI's ``shard_weights`` writes rank files with this config (and ``load_weights`` reads them)."""
+    return bool(getattr(neuron_config, "save_sharded_checkpoint", False)) and not getattr(neuron_config, "skip_sharding", False)
+
+
+def _loader_source(app: Any) -> str:
+    """The directory NxDI's ``checkpoint_loader_fn`` reads (its config's directory, else the model
+    path; ``quantized_checkpoints_path`` when quantized)."""
+    config_dir = getattr(app.config, "_name_or_path", None)
+    path = config_dir if isinstance(config_dir, str) and os.path.exists(config_dir) else app.model_path
+    quantized = getattr(app.neuron_config, "quantized_checkpoints_path", None) if getattr(app.neuron_config, "quantized", False) else None
+    return os.fspath(quantized or path)
+
+
+def _ranks(neuron_config: Any, start: Any = None, count: Any = None) -> range:
+    start = neuron_config.start_rank_id if start is None else start
+    count = neuron_config.local_ranks_size if count is None else count
+    return range(int(start), int(start) + int(count))
+
+
+def wrap_shard_weights(func: Callable[..., Any], is_normalized: Callable[[Any], bool]) -> Callable[..., Any]:
+    """NxDI's ``shard_weights``, in normalized mode (``is_normalized(config)``) followed by the
+    manifest of the rank files it wrote (the old manifest removed first); else ``func`` itself."""
+    signature = inspect.signature(func)
+
+    def shard_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not is_normalized(getattr(self, "config", None)):
+            return func(self, *args, **kwargs)
+        try:
+            compiled = os.fspath(signature.bind(self, *args, **kwargs).arguments["compiled_model_path"])
+        except (TypeError, KeyError):
+            return func(self, *args, **kwargs)  # let NxDI raise the caller's TypeError
+        from .validate.presharded_manifest import Source, remove_manifest, source_fingerprint, write_manifest
+
+        if _writes_shards(self.neuron_config) and remove_manifest(compiled):
+            logger.info("removed the manifest of the earlier pre-sharded weights in %s before re-sharding", compiled)
+        sources: list[Any] = []
+        token = SHARD_SOURCES.set(sources)
+        try:
+            result = func(self, *args, **kwargs)
+        finally:
+            SHARD_SOURCES.reset(token)
+        if not _writes_shards(self.neuron_config):
+            return result
+        if not sources:  # NxD reused state dicts without calling the loader: bind what it would read
+            path = _loader_source(self)
+            sources.append(Source(os.path.abspath(path), source_fingerprint(path)))
+        manifest = write_manifest(compiled, ranks=_ranks(self.neuron_config), config=self.config, sources=sources)
+        logger.info("recorded %d pre-sharded rank files of %s (from %s) in their manifest", len(manifest.ranks),
+                    compiled, ", ".join(source.path for source in sources))
+        return result
+
+    return shard_weights
+
+
+def wrap_load_weights(func: Callable[..., Any], is_normalized: Callable[[Any], bool]) -> Callable[..., Any]:
+    """NxDI's ``load_weights``, in normalized mode with pre-sharded weights preceded by the check
+    of the ranks it will read against their manifest (and followed by a did-they-change check)."""
+    signature = inspect.signature(func)
+
+    def load_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # NxDI reads the rank files whenever save_sharded_checkpoint is set (skip_sharding only
+        # stops shard_weights writing them)
+        if not is_normalized(getattr(self, "config", None)) or not getattr(self.neuron_config, "save_sharded_checkpoint", False):
+            return func(self, *args, **kwargs)  # HF/legacy, or sharded at load (the preflight runs then)
+        try:
+            arguments = signature.bind(self, *args, **kwargs).arguments
+        except TypeError:
+            return func(self, *args, **kwargs)
+        from .loader import LoadPolicy
+        from .validate.presharded import changed_since, check_presharded, refusal
+
+        compiled = os.fspath(arguments["compiled_model_path"])
+        ranks = _ranks(self.neuron_config, arguments.get("start_rank_id"), arguments.get("local_ranks_size"))
+        verify = LoadPolicy.resolve(self.config).verify_digests
+        check = check_presharded(compiled, ranks=ranks, config=self.config, verify=verify, progress=None)
+        if not check.ok:
+            error = refusal(check)
+            logger.error("%s", error)
+            raise error
+        logger.info("pre-sharded weights of %s: ranks %d…%d match their manifest%s (%.1f ms)", compiled, ranks.start,
+                    ranks.stop - 1, " and digests" if verify else "", check.elapsed_s * 1000)
+        result = func(self, *args, **kwargs)
+        changes = changed_since(check)
+        if changes:
+            raise IntegrityError(f"pre-sharded weights of {compiled} changed while NxDI read them: {'; '.join(changes)}; "
+                                 "the model must not be used: load again once the files are stable")
+        return result
+
+    return load_weights
