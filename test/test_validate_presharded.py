@@ -264,6 +264,11 @@ def _valid_manifest(scene: cases.Scene) -> dict[str, Any]:
     (lambda m: m["ranks"].append(dict(m["ranks"][0])), "listed twice"),
     (lambda m: m.update(tp_degree="2"), "tp_degree"),
     (lambda m: m["sample"].update(blocks=1.5), "blocks"),
+    (lambda m: m.update(tp_degree=0), "do not describe a compile"),
+    (lambda m: m.update(world_size=m["tp_degree"] - 1), "do not describe a compile"),
+    (lambda m: m.update(tp_degree=m["tp_degree"] * 2, world_size=m["world_size"] * 2), "contradicts itself"),
+    (lambda m: m["ranks"][0].update(rank=m["world_size"], file=f"tp{m['world_size']}_sharded_checkpoint.safetensors"),
+     "outside world_size"),
 ])
 def test_a_malformed_manifest_names_the_field(scene: cases.Scene, edit: Any, words: str) -> None:
     manifest = _valid_manifest(scene)

@@ -206,6 +206,12 @@ class Manifest:
         settings, sources, sample, ranks = (data.get(k) for k in ("settings", "sources", "sample", "ranks"))
         if not isinstance(settings, dict):
             raise ValueError("settings is not an object")
+        if tp < 1 or world < tp:
+            raise ValueError(f"tp_degree {tp} and world_size {world} do not describe a compile (1 ≤ tp_degree ≤ world_size)")
+        for key, value in (("tp_degree", tp), ("world_size", world)):
+            if key in settings and settings[key] != value:
+                raise ValueError(f"{key} is {value} but settings.{key} is {printable(repr(settings[key]))[:40]}: "
+                                 "the manifest contradicts itself")
         if not isinstance(sources, list) or not all(
                 isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("fingerprint"), dict)
                 for s in sources):
@@ -220,6 +226,8 @@ class Manifest:
             entry = _rank_entry(item)
             if entry.rank in entries:
                 raise ValueError(f"rank {entry.rank} is listed twice")
+            if entry.rank >= world:
+                raise ValueError(f"rank {entry.rank} is outside world_size {world}")
             entries[entry.rank] = entry
         return cls(tp, world, entries, settings, [Source(s["path"], s["fingerprint"]) for s in sources],
                    blocks, block_size, str(data.get("package_version", "")), str(data.get("written_at", "")))
