@@ -13,8 +13,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import NotRegularFileError
-from ..safeio.files import open_regular
-from ..safeio.safetensors_header import FileIdentity
+from ..safeio.files import FileIdentity, open_regular
 from ..safeio.strict_json import JsonError, parse_json_strict
 from .findings import PreflightReport, Severity
 from .view import CheckpointView
