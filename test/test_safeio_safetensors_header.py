@@ -275,3 +275,11 @@ def test_fast_path_declines_a_repeated_key_hidden_by_colons_in_strings() -> None
     text = text[:-1] + ', "a:b": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
     assert _parse_common(text, 1) is None
     assert _by_rule(text, 1)[0] == "duplicate_key"  # type: ignore[index]
+
+
+def test_header_error_is_one_of_the_package_errors() -> None:
+    from nxdi_gptoss_fp8.errors import NxdiGptossFp8Error
+
+    with pytest.raises(NxdiGptossFp8Error) as caught:
+        parse_header_bytes(b"[]", path="p", identity=FileIdentity(0, 0, 10, 0, 0))
+    assert isinstance(caught.value, HeaderError) and isinstance(caught.value, ValueError)

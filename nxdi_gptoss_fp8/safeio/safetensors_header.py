@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from itertools import chain, repeat
 from typing import Any, BinaryIO, NamedTuple
 
+from ..errors import NxdiGptossFp8Error
 from ..format import DTYPE_BITS, MAX_BYTE_COUNT
 from .files import FileIdentity, open_regular
 from .strict_json import JsonError, NonInteger, parse_json_strict
@@ -44,8 +45,10 @@ PREFIX_SIZE = 8
 METADATA_KEY = "__metadata__"
 
 
-class HeaderError(ValueError):
-    """A safetensors header that breaks the format; ``code`` names the rule it breaks."""
+class HeaderError(NxdiGptossFp8Error, ValueError):
+    """A safetensors header that breaks the format; ``code`` names the rule it breaks.
+
+    One of the package's errors (``NxdiGptossFp8Error``) and, as before, a ``ValueError``."""
 
     def __init__(self, code: str, message: str, key: str | None = None) -> None:
         super().__init__(message)
