@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 from .. import format as fmt
 from ..errors import CpuModelError
+from ..safeio.json_file import read_json_file
 
 __all__ = [
     "MODELING", "NXD", "NXDI", "ROUTES", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "TOOL_ERROR_LINES",
@@ -361,8 +362,7 @@ def run_forward(spec: RunSpec, plan: ForwardPlan, *, tp: int = 1) -> Any:
     modeling = importlib.import_module(MODELING)
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
-    with open(os.path.join(spec.checkpoint, fmt.CONFIG_FILE), encoding="utf-8") as handle:
-        model_config = json.load(handle)
+    model_config = read_json_file(os.path.join(spec.checkpoint, fmt.CONFIG_FILE), what=fmt.CONFIG_FILE)
     settings, _ = neuron_settings(spec, plan, tp, int(model_config["num_hidden_layers"]),
                                   int(model_config.get("sliding_window") or 0))
     env = {"CHECKPOINT_FORMAT": _ROUTE_FORMAT[spec.route]}
