@@ -41,7 +41,6 @@ COMPILED_MODEL_FILE = "model.pt"
 SINGLE_FILE = "model.safetensors"
 PRESHARDED_DIR = "weights"
 _PRESHARDED = re.compile(r"^tp(\d+)_sharded_checkpoint\.safetensors$")
-_HF_EXPERTS = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.")
 _HF_MXFP4 = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj_(blocks|scales)$")
 _HF_DENSE = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")
 _PER_EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(?:experts\.)?\d+\.(gate|up|down)_proj\.")

@@ -39,7 +39,7 @@ from ..errors import CpuModelError
 from ..safeio.json_file import read_json_file
 
 __all__ = [
-    "MODELING", "NXD", "NXDI", "ROUTES", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "TOOL_ERROR_LINES",
+    "MODELING", "NXD", "NXDI", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "TOOL_ERROR_LINES",
     "TORCHRUN_TIMEOUT_S", "ForwardPlan", "NxdiCpuAdaptations", "RunSpec", "environment", "fixed_plan",
     "neuron_settings", "require_nxdi", "run_forward", "run_forwards",
 ]
@@ -49,7 +49,6 @@ NXD = "neuronx_distributed"
 MODELING = f"{NXDI}.models.gpt_oss.modeling_gpt_oss"
 # the checkpoint routes: NxDI's own HF and legacy-FP8 converters, and our hook
 ROUTE_HF, ROUTE_LEGACY, ROUTE_NORMALIZED = "hf", "legacy", "normalized"
-ROUTES = (ROUTE_HF, ROUTE_LEGACY, ROUTE_NORMALIZED)
 _ROUTE_FORMAT = {ROUTE_HF: "hf", ROUTE_LEGACY: "legacy", ROUTE_NORMALIZED: "normalized_fp8"}
 TOOL_ERROR_LINES = 3
 TORCHRUN_TIMEOUT_S = 900
