@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import format as fmt
-from .errors import ConversionError, NotRegularFileError
-from .safeio.files import not_regular_reason, open_regular
-from .safeio.strict_json import JsonError, parse_json_strict
+from .errors import ConversionError
+from .safeio.files import not_regular_reason
+from .safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 
 # the files beside the weights that NxDI's demo and tokenizers read; copied into the output
 COMPANION_FILES = (
@@ -36,7 +36,6 @@ SINGLE_FILE = "model.safetensors"
 SOURCE_CARD = "README.md"  # read for its license (the output gets its own card), never copied
 METADATA_FILES = (fmt.CONFIG_FILE, fmt.INDEX_FILE, SOURCE_CARD, *COMPANION_FILES)
 NEVER_FETCHED = ("original/*", "metal/*")
-MAX_INDEX_BYTES = 64 * 1024 * 1024
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SHARD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors$")
@@ -174,18 +173,15 @@ def _fetch(download: Downloader, repo_id: str, revision: str | None, allow: list
 def _read_index(root: str) -> Any:
     path = os.path.join(root, fmt.INDEX_FILE)
     try:
-        with open_regular(path) as handle:
-            raw = handle.read(MAX_INDEX_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except (NotRegularFileError, OSError) as exc:
-        raise ConversionError(f"cannot read {path}: {exc}") from None
-    if len(raw) > MAX_INDEX_BYTES:
-        raise ConversionError(f"{path} is larger than {MAX_INDEX_BYTES:,} bytes: not a GPT-OSS index")
-    try:
-        return parse_json_strict(raw.decode("utf-8"), what=fmt.INDEX_FILE)
-    except (UnicodeDecodeError, JsonError) as exc:
-        raise ConversionError(f"{path} is not valid JSON ({exc})") from None
+        return read_json_file(path, what=fmt.INDEX_FILE)
+    except JsonFileError as exc:
+        if isinstance(exc.cause, FileNotFoundError):
+            return None
+        if exc.not_read:
+            raise ConversionError(f"cannot read {path}: {exc.cause}") from None
+        if exc.oversized:
+            raise ConversionError(f"{path} is larger than {MAX_JSON_FILE_BYTES:,} bytes: not a GPT-OSS index") from None
+        raise ConversionError(f"{path} is not valid JSON ({exc.cause})") from None
 
 
 def listed_shards(root: str) -> list[str] | None:

@@ -79,13 +79,11 @@ def companion_files(root: str | os.PathLike[str]) -> list[Companion]:
 
 
 def _has_chat_template(path: str) -> bool:
-    from .safeio.files import open_regular
-    from .safeio.strict_json import parse_json_strict
+    from .safeio.json_file import JsonFileError, read_json_file
 
     try:
-        with open_regular(path) as handle:
-            document = parse_json_strict(handle.read(8 << 20).decode("utf-8"), what="tokenizer_config.json")
-    except Exception:  # absent, not a regular file, not JSON: no template there
+        document = read_json_file(path, what="tokenizer_config.json", max_bytes=8 << 20)
+    except (JsonFileError, ValueError):  # absent, not a regular file, above 8 MiB, not JSON, a NUL in the path: no template
         return False
     return isinstance(document, dict) and isinstance(document.get("chat_template"), (str, list))
 

@@ -40,8 +40,9 @@ import torch
 from . import format as fmt
 from .errors import FailedReportError, IntegrityError, LoadError, ReportBindingError
 from .nxdi_config import config_attr, neuron_config_view, parse_load_mode, parse_verify_at_load
+from .safeio.files import FileIdentity
 from .safeio.hashing import hash_buffers
-from .safeio.safetensors_header import PREFIX_SIZE, FileIdentity, SafetensorsHeader
+from .safeio.safetensors_header import PREFIX_SIZE, SafetensorsHeader
 from .validate.binding import Binding, config_fingerprint
 from .validate.findings import PreflightReport
 from .validate.integrity import DIGESTS_KEY

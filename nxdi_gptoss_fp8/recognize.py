@@ -13,7 +13,7 @@ normalized FP8 (with its format version), NxDI pre-sharded weights (``tpN_sharde
 and compiled NxDI model directories (``neuron_config.json``).
 
 Bounded work: at most ``MAX_ENTRIES`` directory entries, ``MAX_HEADERS`` shard headers of at
-most ``MAX_HEADER_BYTES`` each, ``MAX_JSON_BYTES`` per JSON file and ``MAX_NAMES`` tensor names
+most ``MAX_HEADER_BYTES`` each, ``MAX_JSON_FILE_BYTES`` per JSON file and ``MAX_NAMES`` tensor names
 are examined; FIFOs, sockets, devices and directories are refused before they are opened.
 """
 
@@ -27,15 +27,13 @@ from typing import Any
 
 from . import format as fmt
 from . import other_formats
-from .errors import NotRegularFileError
-from .safeio.files import file_kind, not_regular_reason, open_regular
+from .safeio.files import file_kind, not_regular_reason
+from .safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from .safeio.safetensors_header import HeaderError, read_header
-from .safeio.strict_json import JsonError, parse_json_strict
 
 MAX_ENTRIES = 10_000
 MAX_HEADERS = 4
 MAX_HEADER_BYTES = 16 * 1024 * 1024
-MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_NAMES = 1_000_000
 MAX_SHARDS_CHECKED = 10_000
 
@@ -44,7 +42,6 @@ COMPILED_MODEL_FILE = "model.pt"
 SINGLE_FILE = "model.safetensors"
 PRESHARDED_DIR = "weights"
 _PRESHARDED = re.compile(r"^tp(\d+)_sharded_checkpoint\.safetensors$")
-_HF_EXPERTS = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.")
 _HF_MXFP4 = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj_(blocks|scales)$")
 _HF_DENSE = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")
 _PER_EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(?:experts\.)?\d+\.(gate|up|down)_proj\.")
@@ -185,23 +182,17 @@ class _Reader:
         return self._json[name]
 
     def _read_json(self, name: str) -> Any:
-        path = os.path.join(self.root, name)
         try:
-            with open_regular(path) as handle:
-                raw = handle.read(MAX_JSON_BYTES + 1)
-        except NotRegularFileError as exc:
-            self.rec.refused.append(f"{name}: {exc}")
-            return None
-        except OSError as exc:
-            self.rec.notes.append(f"{name}: cannot be read ({exc.strerror or exc})")
-            return None
-        if len(raw) > MAX_JSON_BYTES:
-            self.rec.notes.append(f"{name}: larger than {MAX_JSON_BYTES:,} bytes; not parsed")
-            return None
-        try:
-            return parse_json_strict(raw.decode("utf-8"), what=name)
-        except (UnicodeDecodeError, JsonError) as exc:
-            self.rec.notes.append(f"{name}: not valid JSON ({exc}); run validate for details")
+            return read_json_file(os.path.join(self.root, name), what=name)
+        except JsonFileError as exc:
+            if exc.code == "not_a_file":
+                self.rec.refused.append(f"{name}: {exc.cause}")
+            elif exc.code == "unreadable":
+                self.rec.notes.append(f"{name}: cannot be read ({getattr(exc.cause, 'strerror', None) or exc.cause})")
+            elif exc.oversized:
+                self.rec.notes.append(f"{name}: larger than {MAX_JSON_FILE_BYTES:,} bytes; not parsed")
+            else:
+                self.rec.notes.append(f"{name}: not valid JSON ({exc.cause}); run validate for details")
             return None
 
     def header_names(self, name: str) -> dict[str, str] | None:

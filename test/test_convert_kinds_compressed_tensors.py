@@ -171,19 +171,35 @@ def test_verification_catches_a_wrong_scale(variants: dict[str, Path], tmp_path:
     assert not report.ok and any("violate" in problem for problem in report.problems)
 
 
+def _halved_table() -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 [256]: the E4M3 byte of half of each byte's value (round to nearest even), and
+    whether that half is exact: the reference the converter's integer halving is tested against."""
+    values = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8_DTYPE).float()
+    halves = (values * 0.5).to(FP8_DTYPE)
+    exact = (halves.float() * 2 == values) | torch.isnan(values)
+    return halves.view(torch.uint8), exact
+
+
+HALVED, HALVED_EXACT = _halved_table()
+# the bytes whose half E4M3 cannot hold: (byte & mask) == 1, magnitude below 0x10 with an odd mantissa
+ODD_BOTTOM_MASK = 0x71
+
+
 def test_halving_tables_agree_with_float_arithmetic() -> None:
-    """Every E4M3 byte: the pair table halves both bytes like the byte table, and the cheap
-    odd-bottom mask flags exactly the bytes whose half is not exact."""
+    """Every E4M3 byte: the table halves like float arithmetic, the cheap odd-bottom mask flags
+    exactly the bytes whose half is not exact, and the converter's relative error of each
+    bottom-binade magnitude is the table's."""
     from nxdi_gptoss_fp8.convert.kinds import compressed_tensors as ct
 
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     finite = (codes & 0x7F) != 0x7F
     values = codes.view(FP8_DTYPE).float()
-    halves = ct._HALVED.view(FP8_DTYPE).float()
+    halves = HALVED.view(FP8_DTYPE).float()
     assert torch.equal(halves[finite], (values[finite] / 2).to(FP8_DTYPE).float())
-    assert torch.equal(((codes & ct._ODD_BOTTOM_MASK) == 1)[finite], ~ct._HALVED_EXACT[finite])
-    pairs = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.uint8)
-    assert torch.equal(ct._HALVED_PAIRS.view(torch.uint8), ct._HALVED[pairs.to(torch.int32)])
+    assert torch.equal(((codes & ODD_BOTTOM_MASK) == 1)[finite], ~HALVED_EXACT[finite])
+    bottom = codes[1:16].view(FP8_DTYPE).double()
+    expected = (HALVED[1:16].view(FP8_DTYPE).double() * 2 - bottom).abs() / bottom
+    assert torch.equal(ct._ROUNDED_REL_ERROR[1:], expected) and float(ct._ROUNDED_REL_ERROR[0]) == 0.0
 
 
 # --------------------------------------------------------------------------- refusals
@@ -358,9 +374,9 @@ def test_integer_halving_matches_the_table_for_every_byte() -> None:
     codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
     rows = torch.stack([codes, codes.flip(0)])  # every row reaches 448: both are halved
     out, scale, exactness = ct._neuron_range(rows, torch.ones(2, 1, dtype=torch.bfloat16), "x")
-    assert torch.equal(out, ct._HALVED[rows.to(torch.int32)])
+    assert torch.equal(out, HALVED[rows.to(torch.int32)])
     assert torch.equal(scale, torch.full((2,), 2.0))
-    assert exactness.inexact == 2 * int((~ct._HALVED_EXACT[codes.to(torch.int32)]).sum())
+    assert exactness.inexact == 2 * int((~HALVED_EXACT[codes.to(torch.int32)]).sum())
     assert exactness.flushed_to_zero == 4  # +-2^-9 in each row
     assert exactness.max_rel_error == 1.0
 

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nxdi_gptoss_fp8.convert import mxfp4
+from nxdi_gptoss_fp8.convert.fp8 import FP8_DTYPE
 
 
 def e4m3_value(byte: int) -> Fraction:
@@ -48,7 +49,7 @@ def test_byte_table_matches_an_independent_rounding() -> None:
 def test_byte_table_never_leaves_neurons_range() -> None:
     table = mxfp4.build_byte_table().view(torch.uint8)
     assert not bool(((table & 0x78) == 0x78).any())
-    assert float(table.view(mxfp4.FP8_DTYPE).float().abs().max()) <= 240.0
+    assert float(table.view(FP8_DTYPE).float().abs().max()) <= 240.0
 
 
 def test_low_nibble_is_the_even_element() -> None:
@@ -59,7 +60,7 @@ def test_low_nibble_is_the_even_element() -> None:
     assert decoded[0, :2].tolist() == [0.5, 1.0]
     t = mxfp4.channel_exponents(blocks, scales)
     assert int(t[0]) == -mxfp4.TOP_EXPONENT  # the largest value 1.0 = 2^0 lands on 2^7: t = 0 − 7
-    encoded = mxfp4.encode(blocks, scales, t).view(mxfp4.FP8_DTYPE).float() * mxfp4.scale_values(t)[:, None]
+    encoded = mxfp4.encode(blocks, scales, t).view(FP8_DTYPE).float() * mxfp4.scale_values(t)[:, None]
     assert encoded[0, :2].tolist() == [0.5, 1.0]
 
 
@@ -80,7 +81,7 @@ def test_decode_matches_the_definition() -> None:
 def _dequantized(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     t = mxfp4.channel_exponents(blocks, scales)
     encoded = mxfp4.encode(blocks, scales, t)
-    return encoded, encoded.view(mxfp4.FP8_DTYPE).double() * mxfp4.scale_values(t).double()[:, None]
+    return encoded, encoded.view(FP8_DTYPE).double() * mxfp4.scale_values(t).double()[:, None]
 
 
 @given(st.integers(0, 2**31), st.integers(1, 12), st.integers(1, 4), st.integers(2, 250))
@@ -119,7 +120,7 @@ def test_each_channels_largest_value_lands_on_128_or_192(seed: int, rows: int, g
     scales = torch.randint(60, 200, (rows, groups), dtype=torch.uint8, generator=generator)
     blocks[0] = torch.where(torch.rand(blocks[0].shape, generator=generator) < 0.5, 0, 0x88)  # ±0 only
     encoded, _ = _dequantized(blocks, scales)
-    largest = encoded.view(mxfp4.FP8_DTYPE).float().abs().amax(dim=1)
+    largest = encoded.view(FP8_DTYPE).float().abs().amax(dim=1)
     assert float(largest[0]) == 0.0
     assert float(mxfp4.scale_values(mxfp4.channel_exponents(blocks, scales))[0]) == 1.0
     for value in largest[1:].tolist():

@@ -29,6 +29,7 @@ from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import KINDS, SOURCE_COMPRESSED_TENSORS, convert, plan
 from nxdi_gptoss_fp8.convert.fp8 import MIN_NORMAL_SCALE
 from nxdi_gptoss_fp8.errors import ConversionError
+from nxdi_gptoss_fp8.safeio.json_file import MAX_JSON_FILE_BYTES
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
 from nxdi_gptoss_fp8.validate.pipeline import preflight
 from nxdi_gptoss_fp8.verify import verify_conversion
@@ -196,6 +197,14 @@ def test_a_config_claiming_more_than_the_files_hold_is_refused_before_any_planni
         convert(src, tmp_path / "out", progress=False)
     with pytest.raises(ConversionError, match=message):
         verify_conversion(tmp_path / "out", src)
+
+
+@pytest.mark.parametrize("name", [fmt.CONFIG_FILE, fmt.INDEX_FILE])
+def test_a_source_json_file_above_64_mib_is_not_read(sources: dict[str, Path], tmp_path: Path, name: str) -> None:
+    src = copy_source(sources, SOURCE_MXFP4, tmp_path)
+    os.truncate(src / name, MAX_JSON_FILE_BYTES + 1)  # sparse: nothing on disk
+    with pytest.raises(ConversionError, match=f"{name} is larger than {MAX_JSON_FILE_BYTES:,} bytes"):
+        convert(src, tmp_path / "out", progress=False)
 
 
 @pytest.mark.parametrize(("changes", "code"), [

@@ -28,9 +28,9 @@ import pytest
 from corpus import Ckpt
 
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.safeio.json_file import MAX_JSON_FILE_BYTES
 from nxdi_gptoss_fp8.safeio.safetensors_header import MAX_HEADER_SIZE, read_header
 from nxdi_gptoss_fp8.validate import deep_scan as ds
-from nxdi_gptoss_fp8.validate.directory import MAX_JSON_FILE_SIZE
 from nxdi_gptoss_fp8.validate.pipeline import preflight
 
 REPO = Path(__file__).resolve().parent.parent
@@ -199,7 +199,7 @@ def test_a_config_claiming_absurdly_many_layers_is_not_enumerated(tiny_checkpoin
 
 @pytest.mark.parametrize("name", [fmt.INDEX_FILE, fmt.CONFIG_FILE])
 def test_json_files_above_64_mb_are_not_read(tiny_checkpoint: Path, name: str) -> None:
-    os.truncate(tiny_checkpoint / name, MAX_JSON_FILE_SIZE + 1)  # sparse: nothing on disk
+    os.truncate(tiny_checkpoint / name, MAX_JSON_FILE_BYTES + 1)  # sparse: nothing on disk
     report = preflight(tiny_checkpoint, allow_custom_model=True)
     check = "index" if name == fmt.INDEX_FILE else "config"
     assert f"{check}.too_large" in report.codes()
@@ -235,7 +235,7 @@ def test_deep_scan_memory_is_one_chunk(tiny_template: Path) -> None:
 
 def test_limits_match_the_format() -> None:
     assert MAX_HEADER_SIZE == 100_000_000
-    assert MAX_JSON_FILE_SIZE == 64 * MB
+    assert MAX_JSON_FILE_BYTES == 64 * MB
 
 
 def _phantom_index(ckpt: Path, count: int) -> int:

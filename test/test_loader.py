@@ -26,7 +26,7 @@ import ckpt_edit
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import loader
 from nxdi_gptoss_fp8.errors import IntegrityError, LoadError, PreflightError, ReportBindingError
-from nxdi_gptoss_fp8.safeio.safetensors_header import FileIdentity
+from nxdi_gptoss_fp8.safeio.files import FileIdentity
 from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
 from nxdi_gptoss_fp8.validate.binding import CheckedCheckpoint
 from nxdi_gptoss_fp8.validate.findings import PreflightReport

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from nxdi_gptoss_fp8.errors import NotRegularFileError
-from nxdi_gptoss_fp8.safeio.files import not_regular_reason, open_regular
+from nxdi_gptoss_fp8.safeio.files import FileIdentity, not_regular_reason, open_regular
 
 
 def _fifo(tmp: Path) -> Path:
@@ -88,3 +89,18 @@ def test_a_swap_after_the_stat_is_caught_on_the_opened_file(tmp_path: Path, monk
     monkeypatch.setattr(files, "_reason_or_none", lambda path: None)  # as if it was a file when stat looked
     with pytest.raises(NotRegularFileError, match="FIFO"):
         open_regular(_fifo(tmp_path))
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("device", 9, "the file was replaced"),
+    ("inode", 9, "the file was replaced"),
+    ("size", 50, "truncated"),
+    ("size", 200, "grown"),
+    ("mtime_ns", 9, "modification time changed"),
+    ("ctime_ns", 9, "change time changed"),
+])
+def test_file_identity_names_every_change(field: str, value: int, words: str) -> None:
+    before = FileIdentity(device=1, inode=2, size=100, mtime_ns=3, ctime_ns=4)
+    assert before.changes_since(before) == []
+    (change,) = dataclasses.replace(before, **{field: value}).changes_since(before)
+    assert words in change

@@ -59,3 +59,12 @@ def test_plain_documents_round_trip(document: Any) -> None:
         assert parse_json_strict(text) == json.loads(text)
     except JsonError as exc:  # only a lone surrogate in generated text, or depth
         assert exc.code in ("invalid_json", "too_deep")
+
+
+def test_json_error_is_one_of_the_package_errors() -> None:
+    from nxdi_gptoss_fp8.errors import NxdiGptossFp8Error
+
+    with pytest.raises(NxdiGptossFp8Error) as caught:
+        parse_json_strict('{"a": 1, "a": 2}', what="x.json")
+    assert isinstance(caught.value, JsonError) and isinstance(caught.value, ValueError)
+    assert caught.value.code == "duplicate_key"

@@ -21,15 +21,15 @@ from dataclasses import dataclass
 import torch
 
 from ..format import FP8_MAX
+from .fp8 import FP8_DTYPE
 
 __all__ = [
-    "BLOCK_SIZE", "EXACT_OFFSET_MAX", "EXACT_OFFSET_MIN", "FP4_VALUES", "FP8_DTYPE", "MAX_SCALE_BYTE",
+    "BLOCK_SIZE", "EXACT_OFFSET_MAX", "EXACT_OFFSET_MIN", "FP4_VALUES", "MAX_SCALE_BYTE",
     "MAX_SCALE_EXPONENT", "MIN_SCALE_EXPONENT", "OFFSET_MAX", "OFFSET_MIN", "SCALE_BIAS", "TOP_EXPONENT",
     "Exactness", "ExpertEncoder", "block_offsets", "build_byte_table", "channel_exponents", "decode", "encode",
     "exactness", "offset_table", "scale_values",
 ]
 
-FP8_DTYPE = torch.float8_e4m3fn
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 BLOCK_SIZE = 32
 SCALE_BIAS = 127

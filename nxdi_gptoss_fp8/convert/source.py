@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from .. import format as fmt
 from .._version import __version__
 from ..errors import ConversionError
-from ..safeio.files import not_regular_reason, open_regular
+from ..safeio.files import not_regular_reason
+from ..safeio.json_file import JsonFileError, read_json_file
 from ..safeio.safetensors_header import HeaderError, TensorInfo, read_header
-from ..safeio.strict_json import JsonError, parse_json_strict
 
 if TYPE_CHECKING:
     import torch
@@ -158,14 +158,17 @@ def _not_regular(path: str) -> str | None:
 
 
 def read_json(path: str, what: str) -> Any:
-    """Strictly parsed JSON of a regular file; ``ConversionError`` naming the file otherwise."""
+    """Strictly parsed JSON of a regular file of at most ``MAX_JSON_FILE_BYTES``;
+    ``ConversionError`` naming the file otherwise."""
     try:
-        with open_regular(path) as handle:
-            return parse_json_strict(handle.read().decode("utf-8"), what=what)
-    except OSError as exc:  # NotRegularFileError included: its message says what the path is
-        raise ConversionError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (JsonError, UnicodeDecodeError) as exc:
-        raise ConversionError(f"{path} is not valid JSON ({exc}): re-download the file") from None
+        return read_json_file(path, what=what)
+    except JsonFileError as exc:
+        if exc.not_read:  # a NotRegularFileError's message says what the path is
+            raise ConversionError(f"cannot read {path}: {getattr(exc.cause, 'strerror', None) or exc.cause}") from None
+        if exc.oversized:
+            raise ConversionError(f"{path} is larger than {exc.limit:,} bytes, too large for a GPT-OSS {what}: "
+                                  "re-download the file") from None
+        raise ConversionError(f"{path} is not valid JSON ({exc.cause}): re-download the file") from None
 
 
 def header(path: str) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import ConversionError
+from ..safeio.json_file import read_json_file
 from ..validate.findings import PreflightReport
 from ..validate.pipeline import allow_custom_from_env, preflight
 from .metrics import EXACT, QUANTIZED, Bound, PositionMetrics, bound_for, compare, summarize
@@ -99,8 +100,8 @@ class ForwardCheckReport:
 
 
 def _read_config(root: str) -> dict[str, Any]:
-    with open(os.path.join(root, fmt.CONFIG_FILE), encoding="utf-8") as handle:
-        return json.load(handle)
+    config: dict[str, Any] = read_json_file(os.path.join(root, fmt.CONFIG_FILE), what=fmt.CONFIG_FILE)
+    return config
 
 
 def write_window(ckpt: str, out: str, layout: fmt.Layout, layers: int, *, allow_custom_model: bool) -> str:

@@ -36,9 +36,10 @@ from typing import Any, ClassVar
 
 from .. import format as fmt
 from ..errors import CpuModelError
+from ..safeio.json_file import read_json_file
 
 __all__ = [
-    "MODELING", "NXD", "NXDI", "ROUTES", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "TOOL_ERROR_LINES",
+    "MODELING", "NXD", "NXDI", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "TOOL_ERROR_LINES",
     "TORCHRUN_TIMEOUT_S", "ForwardPlan", "NxdiCpuAdaptations", "RunSpec", "environment", "fixed_plan",
     "neuron_settings", "require_nxdi", "run_forward", "run_forwards",
 ]
@@ -48,7 +49,6 @@ NXD = "neuronx_distributed"
 MODELING = f"{NXDI}.models.gpt_oss.modeling_gpt_oss"
 # the checkpoint routes: NxDI's own HF and legacy-FP8 converters, and our hook
 ROUTE_HF, ROUTE_LEGACY, ROUTE_NORMALIZED = "hf", "legacy", "normalized"
-ROUTES = (ROUTE_HF, ROUTE_LEGACY, ROUTE_NORMALIZED)
 _ROUTE_FORMAT = {ROUTE_HF: "hf", ROUTE_LEGACY: "legacy", ROUTE_NORMALIZED: "normalized_fp8"}
 TOOL_ERROR_LINES = 3
 TORCHRUN_TIMEOUT_S = 900
@@ -361,8 +361,7 @@ def run_forward(spec: RunSpec, plan: ForwardPlan, *, tp: int = 1) -> Any:
     modeling = importlib.import_module(MODELING)
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
-    with open(os.path.join(spec.checkpoint, fmt.CONFIG_FILE), encoding="utf-8") as handle:
-        model_config = json.load(handle)
+    model_config = read_json_file(os.path.join(spec.checkpoint, fmt.CONFIG_FILE), what=fmt.CONFIG_FILE)
     settings, _ = neuron_settings(spec, plan, tp, int(model_config["num_hidden_layers"]),
                                   int(model_config.get("sliding_window") or 0))
     env = {"CHECKPOINT_FORMAT": _ROUTE_FORMAT[spec.route]}

@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import CpuModelError
+from ..safeio.json_file import read_json_file
 
 __all__ = ["reference_config", "reference_logits", "reference_model", "source_state_dict"]
 
@@ -101,7 +102,5 @@ def reference_logits(src: str | os.PathLike[str], tokens: tuple[int, ...], posit
 
 
 def _read_config(src: str | os.PathLike[str]) -> dict[str, Any]:
-    import json
-
-    with open(os.path.join(os.fspath(src), fmt.CONFIG_FILE), encoding="utf-8") as handle:
-        return json.load(handle)
+    config: dict[str, Any] = read_json_file(os.path.join(os.fspath(src), fmt.CONFIG_FILE), what=fmt.CONFIG_FILE)
+    return config

@@ -1,4 +1,5 @@
-"""Opening input files safely: regular files only, never blocking. Stdlib only.
+"""Opening input files safely: regular files only, never blocking; ``FileIdentity``, what
+identifies one version of a file. Stdlib only.
 
 Every command reads files a user (or an attacker) chose: a FIFO would block ``open()`` forever,
 a device could stream without end, a directory cannot be read. ``open_regular`` opens with
@@ -13,11 +14,12 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from ..errors import NotRegularFileError
 
-__all__ = ["file_kind", "not_regular_reason", "open_regular"]
+__all__ = ["FileIdentity", "file_kind", "not_regular_reason", "open_regular"]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -26,6 +28,39 @@ _KINDS = (
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
 )
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What identifies one version of a file: device, inode, size, modification and change time.
+
+    ``ctime_ns`` is what an in-place edit cannot hide: ``os.utime`` can put the modification
+    time back, but it sets the change time to now (only the kernel writes it).
+    """
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, stat: os.stat_result) -> FileIdentity:
+        return cls(stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+    def changes_since(self, before: FileIdentity) -> list[str]:
+        """In words, how this identity differs from ``before`` (empty when it is the same file version)."""
+        changes = []
+        if (self.device, self.inode) != (before.device, before.inode):
+            changes.append(f"device/inode {before.device}/{before.inode} → {self.device}/{self.inode} (the file was replaced)")
+        if self.size != before.size:
+            what = "truncated" if self.size < before.size else "grown"
+            changes.append(f"size {before.size:,} → {self.size:,} bytes ({what})")
+        if self.mtime_ns != before.mtime_ns:
+            changes.append("modification time changed (rewritten in place)")
+        if self.ctime_ns != before.ctime_ns:
+            changes.append("change time changed (written, renamed, linked or its times reset)")
+        return changes
 
 
 def file_kind(mode: int) -> str:

@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 from itertools import chain, repeat
 from typing import Any, BinaryIO, NamedTuple
 
+from ..errors import NxdiGptossFp8Error
 from ..format import DTYPE_BITS, MAX_BYTE_COUNT
-from .files import open_regular
+from .files import FileIdentity, open_regular
 from .strict_json import JsonError, NonInteger, parse_json_strict
 
 __all__ = [
-    "MAX_HEADER_SIZE", "METADATA_KEY", "PREFIX_SIZE", "FileIdentity", "HeaderError", "SafetensorsHeader",
+    "MAX_HEADER_SIZE", "METADATA_KEY", "PREFIX_SIZE", "HeaderError", "SafetensorsHeader",
     "TensorInfo", "parse_header_bytes", "read_header",
 ]
 
@@ -44,8 +45,10 @@ PREFIX_SIZE = 8
 METADATA_KEY = "__metadata__"
 
 
-class HeaderError(ValueError):
-    """A safetensors header that breaks the format; ``code`` names the rule it breaks."""
+class HeaderError(NxdiGptossFp8Error, ValueError):
+    """A safetensors header that breaks the format; ``code`` names the rule it breaks.
+
+    One of the package's errors (``NxdiGptossFp8Error``) and, as before, a ``ValueError``."""
 
     def __init__(self, code: str, message: str, key: str | None = None) -> None:
         super().__init__(message)
@@ -72,39 +75,6 @@ class TensorInfo(NamedTuple):
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class FileIdentity:
-    """What identifies one version of a file: device, inode, size, modification and change time.
-
-    ``ctime_ns`` is what an in-place edit cannot hide: ``os.utime`` can put the modification
-    time back, but it sets the change time to now (only the kernel writes it).
-    """
-
-    device: int
-    inode: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-
-    @classmethod
-    def of(cls, stat: os.stat_result) -> FileIdentity:
-        return cls(stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-
-    def changes_since(self, before: FileIdentity) -> list[str]:
-        """In words, how this identity differs from ``before`` (empty when it is the same file version)."""
-        changes = []
-        if (self.device, self.inode) != (before.device, before.inode):
-            changes.append(f"device/inode {before.device}/{before.inode} → {self.device}/{self.inode} (the file was replaced)")
-        if self.size != before.size:
-            what = "truncated" if self.size < before.size else "grown"
-            changes.append(f"size {before.size:,} → {self.size:,} bytes ({what})")
-        if self.mtime_ns != before.mtime_ns:
-            changes.append("modification time changed (rewritten in place)")
-        if self.ctime_ns != before.ctime_ns:
-            changes.append("change time changed (written, renamed, linked or its times reset)")
-        return changes
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..errors import NxdiGptossFp8Error
+
 __all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "JsonError", "NonInteger", "parse_json_strict"]
 
 MAX_DEPTH = 64
@@ -30,8 +32,10 @@ MAX_INT_DIGITS = 19  # |n| < 10^19: every int64/uint64 a real config or header h
 _CONTAINERS = (dict, list)
 
 
-class JsonError(ValueError):
-    """A JSON text that a strict reader refuses; ``code`` names the rule it breaks."""
+class JsonError(NxdiGptossFp8Error, ValueError):
+    """A JSON text that a strict reader refuses; ``code`` names the rule it breaks.
+
+    One of the package's errors (``NxdiGptossFp8Error``) and, as before, a ``ValueError``."""
 
     def __init__(self, code: str, message: str, key: str | None = None) -> None:
         super().__init__(message)

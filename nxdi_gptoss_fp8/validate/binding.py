@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..safeio.safetensors_header import FileIdentity
+from ..safeio.files import FileIdentity
 
 if TYPE_CHECKING:
     from .view import CheckpointView

@@ -12,17 +12,12 @@ import stat
 from typing import Any
 
 from .. import format as fmt
-from ..errors import NotRegularFileError
-from ..safeio.files import open_regular
-from ..safeio.safetensors_header import FileIdentity
-from ..safeio.strict_json import JsonError, parse_json_strict
+from ..safeio.files import FileIdentity
+from ..safeio.json_file import JsonFileError, read_json_file
 from .findings import PreflightReport, Severity
 from .view import CheckpointView
 
-__all__ = ["MAX_JSON_FILE_SIZE", "NESTED_SEARCH_DEPTH", "NESTED_SEARCH_ENTRIES"]
-
-
-MAX_JSON_FILE_SIZE = 64 * 1024 * 1024
+__all__ = ["NESTED_SEARCH_DEPTH", "NESTED_SEARCH_ENTRIES"]
 
 
 # How deep and how wide the directory is searched for weight files in subdirectories.
@@ -62,46 +57,45 @@ def _link_outside(root: str, name: str) -> str | None:
     return None if os.path.dirname(target) == os.path.realpath(root) else target
 
 
+def _json_file_finding(exc: JsonFileError, name: str, check: str) -> tuple[str, str, str]:
+    """(check, code, message) of the finding for a JSON file ``read_json_file`` refused."""
+    if exc.code == "not_a_file":
+        return "filesystem", "not_a_file", f"{exc.cause}: {name} must be a plain file (refused before it was opened for reading)"
+    if exc.code == "unreadable":
+        cause = exc.cause
+        return "filesystem", "unreadable", f"cannot read {name}: {getattr(cause, 'strerror', None) or cause}"
+    if exc.code == "too_large":
+        return check, "too_large", f"{name} is {exc.size:,} bytes, above the {exc.limit:,}-byte limit"
+    if exc.code == "grew":
+        return check, "too_large", f"{name} grew above the {exc.limit:,}-byte limit while it was read"
+    if exc.code == "not_utf8":
+        return check, "invalid_json", f"{name} is not UTF-8 text"
+    return check, exc.code, str(exc)  # the strict parser's code and message
+
+
 def _read_json_file(view: CheckpointView, report: PreflightReport, name: str, check: str) -> Any:
     """Read a small JSON file strictly; report and return None when that is impossible.
 
     A link out of the directory, a FIFO, socket, device or directory is refused before it is
     opened (``filesystem``); the size is checked on the opened file before it is read.
     """
-    file_path = os.path.join(view.root, name)
     try:
         target = _link_outside(view.root, name)
-        if target is not None:
-            report.add("filesystem", "link_outside", f"{name} is a link to {target}, outside the checkpoint directory: copy the file in instead", file=name)
-            return None
-        with open_regular(file_path) as handle:
-            identity = FileIdentity.of(os.fstat(handle.fileno()))
-            size = identity.size
-            if size > MAX_JSON_FILE_SIZE:
-                report.add(check, "too_large", f"{name} is {size:,} bytes, above the {MAX_JSON_FILE_SIZE:,}-byte limit", file=name)
-                return None
-            raw = handle.read(MAX_JSON_FILE_SIZE + 1)
-    except NotRegularFileError as exc:
-        report.add("filesystem", "not_a_file", f"{exc}: {name} must be a plain file (refused before it was opened for reading)", file=name)
-        return None
     except OSError as exc:
         report.add("filesystem", "unreadable", f"cannot read {name}: {exc.strerror or exc}", file=name)
         return None
-    report.bytes_read += len(raw)
-    view.json_files[name] = (identity, hashlib.sha256(raw).hexdigest())
-    if len(raw) > MAX_JSON_FILE_SIZE:
-        report.add(check, "too_large", f"{name} grew above the {MAX_JSON_FILE_SIZE:,}-byte limit while it was read", file=name)
+    if target is not None:
+        report.add("filesystem", "link_outside", f"{name} is a link to {target}, outside the checkpoint directory: copy the file in instead", file=name)
         return None
+
+    def count_and_bind(raw: bytes, identity: FileIdentity) -> None:
+        report.bytes_read += len(raw)
+        view.json_files[name] = (identity, hashlib.sha256(raw).hexdigest())
+
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        report.add(check, "invalid_json", f"{name} is not UTF-8 text", file=name)
-        return None
-    del raw  # only the text is needed while it is parsed (memory: the index may be 64 MB)
-    try:
-        document = parse_json_strict(text, what=name)
-    except JsonError as exc:
-        report.add(check, exc.code, str(exc), file=name, key=exc.key)
+        document = read_json_file(os.path.join(view.root, name), what=name, on_read=count_and_bind)
+    except JsonFileError as exc:
+        report.add(*_json_file_finding(exc, name, check), file=name, key=exc.key)
         return None
     if document is None:  # a JSON null must not read as "unreadable, already reported"
         report.add(check, "not_an_object", f"{name} holds JSON null, not an object", file=name)

@@ -35,8 +35,9 @@ from typing import Any
 from .. import format as fmt
 from ..errors import IntegrityError, NotRegularFileError, ShardedWeightsError
 from ..progress import Progress
+from ..safeio.files import FileIdentity
 from ..safeio.hashing import hash_files
-from ..safeio.safetensors_header import FileIdentity, HeaderError
+from ..safeio.safetensors_header import HeaderError
 from ..units import format_bytes, format_duration, plural
 from .findings import PreflightReport, Severity, printable
 from .presharded_manifest import (

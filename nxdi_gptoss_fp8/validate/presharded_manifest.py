@@ -28,9 +28,9 @@ from .._version import __version__
 from ..errors import IntegrityError
 from ..nxdi_config import config_attr, neuron_config_view
 from ..progress import Progress
-from ..safeio.files import open_regular
+from ..safeio.files import FileIdentity, open_regular
 from ..safeio.hashing import hash_files
-from ..safeio.safetensors_header import MAX_HEADER_SIZE, PREFIX_SIZE, FileIdentity, HeaderError, parse_header_bytes
+from ..safeio.safetensors_header import MAX_HEADER_SIZE, PREFIX_SIZE, HeaderError, parse_header_bytes
 from ..safeio.strict_json import JsonError, parse_json_strict
 from .findings import printable
 from .integrity import DIGESTS_KEY

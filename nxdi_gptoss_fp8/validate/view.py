@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import format as fmt
-from ..safeio.safetensors_header import FileIdentity, SafetensorsHeader, TensorInfo
+from ..safeio.files import FileIdentity
+from ..safeio.safetensors_header import SafetensorsHeader, TensorInfo
 
 __all__ = ["CheckpointView"]
 

@@ -64,32 +64,25 @@ def expert_prefix(layer: int, expert: int, nested: bool) -> str:
     return f"{HF_PREFIX}{fmt.layer_prefix(layer)}{EXPERTS}{'experts.' if nested else ''}{expert}."
 
 
-def _halved_table() -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 [256]: the E4M3 byte of half of each byte's value (round to nearest even), and
-    whether that half is exact."""
-    values = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8_DTYPE).float()
-    halves = (values * 0.5).to(FP8_DTYPE)
-    exact = (halves.float() * 2 == values) | torch.isnan(values)
-    return halves.view(torch.uint8), exact
-
-
-_HALVED, _HALVED_EXACT = _halved_table()
 # Halving an E4M3 byte with integer ops: from exponent field 2 up, the exponent field minus one
 # (subtract 0x08), always exact; below (magnitude m < 0x10, value m · 2^-9, linear across the
-# subnormal and the first normal binade) the byte m/2 rounded to nearest even, inexact for odd m.
-# the same for both bytes of an int16 at once, and the bytes whose half E4M3 cannot hold:
-# (byte & mask) == 1, magnitude below 0x10 with an odd mantissa (the reference the integer
-# halving is tested against)
-_HALVED_PAIRS = _HALVED[torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.uint8).to(torch.int32)
-                        ].view(torch.int16)
-_ODD_BOTTOM_MASK = 0x71
+# subnormal and the first normal binade) the byte m/2 rounded to nearest even, inexact for odd m
+# (the tests check this against float arithmetic for every byte)
 _LOW_MAGNITUDE = 0x0F
 _BOTTOM_LIMIT = 0x10
-# relative error of halving (and doubling back) magnitude m < 0x10, through the table above
-_ROUNDED_REL_ERROR = torch.tensor(
-    [0.0] + [abs(float(_HALVED[m].view(FP8_DTYPE).double()) * 2 - float(torch.tensor(m, dtype=torch.uint8)
-             .view(FP8_DTYPE).double())) / float(torch.tensor(m, dtype=torch.uint8).view(FP8_DTYPE).double())
-             for m in range(1, 16)], dtype=torch.float64)
+
+
+def _rounded_rel_errors() -> torch.Tensor:
+    """float64 [16]: the relative error of halving (and doubling back) the bottom-binade
+    magnitude m (0 for m = 0)."""
+    values = torch.arange(16, dtype=torch.int32).to(torch.uint8).view(FP8_DTYPE).double()
+    halves = (values.float() * 0.5).to(FP8_DTYPE).double()
+    errors = (halves * 2 - values).abs() / values
+    errors[0] = 0.0
+    return errors
+
+
+_ROUNDED_REL_ERROR = _rounded_rel_errors()
 _CHUNK_BYTES = 1 << 18
 
 
