@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import format as fmt
-from .errors import ConfigError, NotRegularFileError
-from .safeio.files import open_regular
-from .safeio.strict_json import JsonError, parse_json_strict
+from .errors import ConfigError
+from .safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
+from .safeio.strict_json import JsonError
 
 __all__ = [
     "BOOLEAN_NEURON_CONFIG_KEYS", "KNOWN_NEURON_CONFIG_KEYS", "MAX_CONFIG_FILE_SIZE", "MAX_DIMENSION",
@@ -256,7 +256,7 @@ def parse_verify_at_load(value: Any) -> bool:
     return parse_switch(value, "verify shard_sha256 at load")
 
 
-MAX_CONFIG_FILE_SIZE = 64 * 1024 * 1024
+MAX_CONFIG_FILE_SIZE = MAX_JSON_FILE_BYTES  # the one cap of every JSON file read
 
 
 def read_config_file(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
@@ -265,19 +265,17 @@ def read_config_file(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     at most ``MAX_CONFIG_FILE_SIZE`` bytes, an object. ``what`` names it in messages (e.g.
     ``--neuron-config nc.json``); ``ConfigError`` says what is wrong, once."""
     try:
-        with open_regular(os.fspath(path)) as handle:
-            raw = handle.read(MAX_CONFIG_FILE_SIZE + 1)
-        document = parse_json_strict(raw.decode("utf-8"), what=what, max_bytes=MAX_CONFIG_FILE_SIZE)
-    except NotRegularFileError as exc:
-        kind = str(exc).removeprefix(os.fspath(path)).strip() or str(exc)  # "is a directory, not a regular file"
-        raise ConfigError(f"{what} {kind}; pass a JSON file") from None
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, JsonError):
+        document = read_json_file(path, what=what, max_bytes=MAX_CONFIG_FILE_SIZE)
+    except JsonFileError as exc:
+        cause = exc.cause
+        if exc.code == "not_a_file":
+            kind = str(cause).removeprefix(os.fspath(path)).strip() or str(cause)  # "is a directory, not a regular file"
+            raise ConfigError(f"{what} {kind}; pass a JSON file") from None
+        if exc.code == "unreadable" and isinstance(cause, OSError):
+            raise ConfigError(f"cannot read {what}: {cause.strerror or cause}") from None
+        if isinstance(cause, JsonError) or exc.code == "not_utf8":
             raise ConfigError(str(exc)) from None  # its message starts with ``what``
-        if isinstance(exc, UnicodeDecodeError):
-            raise ConfigError(f"{what} is not UTF-8 text") from None
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(f"cannot read {what}: {reason}") from None
+        raise ConfigError(f"{what}: {exc}") from None  # too large, or grew while read
     if not isinstance(document, dict):
         raise ConfigError(f"{what} must hold a JSON object of NeuronConfig attributes, not {describe(document)}")
     return document

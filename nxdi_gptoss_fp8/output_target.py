@@ -11,7 +11,6 @@ Its own module because these decisions are about the directory, not the streamin
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 
 from . import format as fmt
 from .errors import ConversionError
-from .safeio.files import open_regular
+from .safeio.json_file import JsonFileError, read_json_file
 from .units import format_bytes
 from .validate.findings import printable
 
@@ -67,9 +66,8 @@ def _is_our_name(name: str, extra_names: Iterable[str]) -> bool:
 
 def _is_our_index(path: str) -> bool:
     try:
-        with open_regular(path) as handle:
-            document = json.loads(handle.read(64 << 20).decode("utf-8"))
-    except (OSError, ValueError):
+        document = read_json_file(path, what=fmt.INDEX_FILE)
+    except JsonFileError:
         return False
     metadata = document.get("metadata") if isinstance(document, dict) else None
     return isinstance(metadata, dict) and metadata.get("format") == fmt.FORMAT_NAME

@@ -30,6 +30,7 @@ from ..nxdi_config import config_attr, neuron_config_view
 from ..progress import Progress
 from ..safeio.files import FileIdentity, open_regular
 from ..safeio.hashing import hash_files
+from ..safeio.json_file import JsonFileError, read_json_file
 from ..safeio.safetensors_header import MAX_HEADER_SIZE, PREFIX_SIZE, HeaderError, parse_header_bytes
 from ..safeio.strict_json import JsonError, parse_json_strict
 from .findings import printable
@@ -266,17 +267,19 @@ def read_manifest(compiled_dir: str) -> Manifest:
     Raises ``ManifestError`` with code ``no_manifest`` or ``bad_manifest``."""
     path = manifest_path(compiled_dir)
     try:
-        raw = _read_bounded(path, MAX_MANIFEST_BYTES)
-    except FileNotFoundError:
-        raise ManifestError("no_manifest", f"{path} does not exist: these pre-sharded weights were written "
-                            "without the hook (compiled before nxdi-gptoss-fp8 recorded manifests, or not in "
-                            f"normalized mode), so nothing vouches for them; {fix_reshard(compiled_dir)}") from None
-    except (OSError, IntegrityError) as exc:
-        raise ManifestError("bad_manifest", f"{path} cannot be read ({getattr(exc, 'strerror', None) or exc}); "
-                            f"{fix_reshard(compiled_dir)}") from None
+        document = read_json_file(path, what=MANIFEST_FILE, max_bytes=MAX_MANIFEST_BYTES)
+    except JsonFileError as exc:
+        if isinstance(exc.cause, FileNotFoundError):
+            raise ManifestError("no_manifest", f"{path} does not exist: these pre-sharded weights were written "
+                                "without the hook (compiled before nxdi-gptoss-fp8 recorded manifests, or not in "
+                                f"normalized mode), so nothing vouches for them; {fix_reshard(compiled_dir)}") from None
+        if exc.not_read or exc.oversized:
+            reason = getattr(exc.cause, "strerror", None) or exc
+            raise ManifestError("bad_manifest", f"{path} cannot be read ({reason}); {fix_reshard(compiled_dir)}") from None
+        raise ManifestError("bad_manifest", f"{path}: {exc.cause or exc}; {fix_reshard(compiled_dir)}") from None
     try:
-        return Manifest.from_dict(parse_json_strict(raw.decode("utf-8"), what=MANIFEST_FILE, max_bytes=MAX_MANIFEST_BYTES))
-    except (UnicodeDecodeError, JsonError, ValueError) as exc:
+        return Manifest.from_dict(document)
+    except ValueError as exc:
         raise ManifestError("bad_manifest", f"{path}: {exc}; {fix_reshard(compiled_dir)}") from None
 
 
