@@ -228,14 +228,17 @@ def _vm_hwm_mb() -> float:
 
 def child_convert(src: str, out: str, workers: str = "", forced: str = "") -> dict:
     from nxdi_gptoss_fp8.convert import convert, pipeline
-    from nxdi_gptoss_fp8.convert.workers import WorkerPlan
+    from nxdi_gptoss_fp8.convert.workers import WorkerPlan, process_bytes
     from nxdi_gptoss_fp8.validate.pipeline import preflight
     from nxdi_gptoss_fp8.writer import CheckpointWriter
 
     if forced:  # "PROCESSES,LANES": the alternative to the default plan for as many workers
         processes, lanes = (int(part) for part in forced.split(","))
-        plan = WorkerPlan(processes * lanes, processes, lanes, 0)
-        pipeline.plan_workers = lambda *args, **kwargs: plan  # type: ignore[assignment]
+
+        def forced_plan(requested: object, layout: fmt.Layout, kind: str, **_: object) -> WorkerPlan:
+            return WorkerPlan(processes * lanes, processes, lanes, process_bytes(layout, kind, lanes))
+
+        pipeline.plan_workers = forced_plan  # type: ignore[assignment]
 
     streaming_peak: list[float] = []
     streamed: list[float] = []

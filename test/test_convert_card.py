@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nxdi_gptoss_fp8 import cli, hub
+from nxdi_gptoss_fp8 import __version__, cli, hub
 from nxdi_gptoss_fp8.convert import convert
 from nxdi_gptoss_fp8.convert.card import CARD_FILE, front_matter, source_license
 from nxdi_gptoss_fp8.inspection import inspect_directory
@@ -56,7 +56,7 @@ def test_the_card_of_a_hub_source(source: Path, tmp_path: Path) -> None:
                     "tags": ["gpt-oss", "fp8", "neuron", "nxdi", "normalized-fp8", "nxdi-gptoss-fp8"]}
     assert "the source's own card" not in body  # never copied over the card
     assert f"`openai/gpt-oss-20b` at commit `{COMMIT}`, HF MXFP4" in body
-    assert "nxdi_gptoss_normalized_fp8` version 1" in body and "nxdi-gptoss-fp8 0.2.0" in body
+    assert "nxdi_gptoss_normalized_fp8` version 1" in body and f"nxdi-gptoss-fp8 {__version__}" in body
     index = json.loads((out / "model.safetensors.index.json").read_text())
     exactness = index["metadata"]["source"]["exactness"]
     assert f"{exactness['fp8_values']:,} of {exactness['fp8_values']:,} expert values exact" in body
