@@ -153,6 +153,25 @@ def as_bytes(data: Any) -> memoryview:
     return memoryview(data).cast("B")
 
 
+def planned_bytes(plan: Mapping[str, PlannedTensor], name: str, data: Any, offset: int) -> tuple[PlannedTensor, memoryview]:
+    """Tensor ``name``'s place in ``plan`` and ``data`` as bytes; ``ConversionError`` unless
+    ``name`` is planned and bytes ``[offset, offset+len)`` fall inside it."""
+    planned = plan.get(name)
+    if planned is None:
+        raise ConversionError(f"{name} is not a tensor of the normalized format")
+    raw = as_bytes(data)
+    if offset < 0 or offset + raw.nbytes > planned.spec.nbytes:
+        raise ConversionError(f"{name}: bytes {offset}..{offset + raw.nbytes} exceed its {planned.spec.nbytes} bytes")
+    return planned, raw
+
+
+def pwrite_all(fd: int, view: memoryview, position: int) -> None:
+    """Write all of ``view`` at ``position`` of ``fd`` (``os.pwrite`` may write less per call)."""
+    while view.nbytes:
+        written = os.pwrite(fd, view, position)
+        view, position = view[written:], position + written
+
+
 class CheckpointWriter:
     """Streams a normalized checkpoint into place. Use as a context manager::
 
@@ -268,16 +287,8 @@ class CheckpointWriter:
 
     def put(self, name: str, data: Any, *, offset: int = 0) -> None:
         """Write ``data`` (a tensor or buffer) as bytes ``[offset, offset+len)`` of tensor ``name``."""
-        planned = self._plan.get(name)
-        if planned is None:
-            raise ConversionError(f"{name} is not a tensor of the normalized format")
-        raw = as_bytes(data)
-        if offset < 0 or offset + raw.nbytes > planned.spec.nbytes:
-            raise ConversionError(f"{name}: bytes {offset}..{offset + raw.nbytes} exceed its {planned.spec.nbytes} bytes")
-        fd, position, view = self._fds[planned.shard], planned.offset + offset, raw
-        while view.nbytes:
-            written = os.pwrite(fd, view, position)
-            view, position = view[written:], position + written
+        planned, raw = planned_bytes(self._plan, name, data, offset)
+        pwrite_all(self._fds[planned.shard], raw, planned.offset + offset)
         self._written[name] += raw.nbytes
 
     def put_zeros(self, name: str) -> None:

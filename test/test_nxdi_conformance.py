@@ -14,7 +14,6 @@ Run: ``NXDI_SRC=/path/to/neuronx-distributed-inference python3 -m pytest -s test
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import sys
@@ -29,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 
-from nxdi_standin import neuron_stubs
+from real_nxdi import gptoss_app, real_modeling
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import nxdi_hook
@@ -39,38 +38,15 @@ from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
 
 pytestmark = [pytest.mark.nxdi, pytest.mark.filterwarnings("ignore")]
 
-SRC = os.environ.get("NXDI_SRC")
 DIMS = TINY_DIMS
 LAYERS = DIMS.num_hidden_layers
-
-
-def _nxdi_context() -> contextlib.AbstractContextManager[None]:
-    if importlib.util.find_spec("neuronx_distributed_inference") is not None and not SRC:
-        return contextlib.nullcontext()
-    if not SRC:
-        pytest.skip("NxDI is not installed and NXDI_SRC is not set")
-    src = os.path.join(SRC, "src")
-    if not os.path.isdir(os.path.join(src, "neuronx_distributed_inference")):
-        pytest.fail(f"NXDI_SRC={SRC} has no src/neuronx_distributed_inference")
-    return neuron_stubs.installed(src)
 
 
 @pytest.fixture(scope="module")
 def modeling() -> Iterator[ModuleType]:
     """NxDI's real ``modeling_gpt_oss`` module (imported for this test module only)."""
-    saved = {k: os.environ.get(k) for k in ("NEURON_PLATFORM_TARGET_OVERRIDE", fmt.ALLOW_CUSTOM_ENV, nxdi_hook.ENV_VAR)}
-    os.environ.setdefault("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")  # else NeuronConfig asks the hardware
-    os.environ[fmt.ALLOW_CUSTOM_ENV] = "1"
-    try:
-        with _nxdi_context():
-            yield __import__(nxdi_hook.MODELING_MODULE, fromlist=["NeuronGptOssForCausalLM"])
-            nxdi_hook.unregister()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with real_modeling() as module:
+        yield module
 
 
 @contextlib.contextmanager
@@ -98,16 +74,7 @@ def loader_output(modeling: ModuleType, ckpt: Path, neuron_kwargs: dict[str, Any
     kwargs = {"quantized": True, "quantized_checkpoints_path": str(ckpt), "quantization_type": fmt.QUANTIZATION_TYPE,
               "quantization_dtype": fmt.QUANTIZATION_DTYPE, "modules_to_not_convert": ["lm_head", *layers],
               "logical_nc_config": 1, **neuron_kwargs}
-    neuron_config = modeling.GptOssNeuronConfig(**kwargs)
-
-    def load_config(config: Any) -> None:  # what NxDI's load_pretrained_config sets
-        values = json.loads((ckpt / fmt.CONFIG_FILE).read_text())
-        values.pop("torch_dtype", None)
-        config.__dict__.update(values)
-        config._name_or_path = str(ckpt)
-
-    config = modeling.GptOssInferenceConfig(neuron_config, load_config=load_config)
-    app = modeling.NeuronGptOssForCausalLM(str(ckpt), config)
+    app = gptoss_app(modeling, ckpt, kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return app.checkpoint_loader_fn()

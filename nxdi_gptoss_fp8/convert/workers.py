@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from .. import format as fmt
 from ..errors import ConversionError
 from ..units import format_bytes, plural
-from ..writer import CheckpointWriter, PlannedTensor, as_bytes
+from ..writer import CheckpointWriter, PlannedTensor, planned_bytes, pwrite_all
 
 __all__ = [
     "COPY_BYTES", "DENSE_BYTES_PER_VALUE", "LANES_BEFORE_PROCESSES", "LANE_EXPERT_COPIES", "MAX_LANES",
@@ -359,18 +359,10 @@ class ShardFiles:
         self._fds: dict[str, int] = {}
 
     def put(self, name: str, data: Any, *, offset: int = 0) -> None:
-        planned = self.planned.get(name)
-        if planned is None:
-            raise ConversionError(f"{name} is not a tensor of the normalized format")
-        raw = as_bytes(data)
-        if offset < 0 or offset + raw.nbytes > planned.spec.nbytes:
-            raise ConversionError(f"{name}: bytes {offset}..{offset + raw.nbytes} exceed its {planned.spec.nbytes} bytes")
+        planned, raw = planned_bytes(self.planned, name, data, offset)
         if planned.shard not in self._fds:
             self._fds[planned.shard] = os.open(os.path.join(self.tmp, planned.shard), os.O_WRONLY | os.O_CLOEXEC)
-        fd, position, view = self._fds[planned.shard], planned.offset + offset, raw
-        while view.nbytes:
-            written = os.pwrite(fd, view, position)
-            view, position = view[written:], position + written
+        pwrite_all(self._fds[planned.shard], raw, planned.offset + offset)
         self.written[name] = self.written.get(name, 0) + raw.nbytes
 
 

@@ -10,7 +10,6 @@ built from ``COMPILED/neuron_config.json`` (or from a changed NeuronConfig), who
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -21,15 +20,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 
 from nxdi_standin.model_builder import RecordingTracedModel, ShardingBuilder
+from real_nxdi import gptoss_app
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
+from nxdi_gptoss_fp8.validate import presharded as sm
 from nxdi_gptoss_fp8.validate import presharded_manifest as pm
 
 TP = 2
@@ -43,15 +45,7 @@ FP8_NEURON_CONFIG: dict[str, Any] = {
 def make_app(modeling: ModuleType, ckpt: Path, **overrides: Any) -> Any:
     """NxDI's GPT-OSS application for ``ckpt``, with the stand-in builder and traced model."""
     kwargs = {**FP8_NEURON_CONFIG, "quantized_checkpoints_path": str(ckpt), **overrides}
-    neuron_config = modeling.GptOssNeuronConfig(**kwargs)
-
-    def load_config(config: Any) -> None:  # what NxDI's load_pretrained_config sets
-        values = json.loads((ckpt / fmt.CONFIG_FILE).read_text())
-        values.pop("torch_dtype", None)
-        config.__dict__.update(values)
-        config._name_or_path = str(ckpt)
-
-    return _equipped(modeling.NeuronGptOssForCausalLM(str(ckpt), modeling.GptOssInferenceConfig(neuron_config, load_config=load_config)))
+    return _equipped(gptoss_app(modeling, ckpt, kwargs))
 
 
 def _equipped(app: Any, **builder: Any) -> Any:
@@ -266,3 +260,20 @@ TAMPERINGS: dict[str, tuple[Callable[[Scene], dict[str, Any]], set[str] | None]]
     "source-reconverted": (_source_reconverted, {"presharded.stale_source"}),
     "source-deleted": (_source_deleted, None),
 }
+
+
+def tampered_load(scene: Scene, name: str) -> str | None:
+    """Applies the tampering ``name`` and loads: None when it loads (and NxDI was handed exactly the
+    files), else the refusal's message (refused before ``nxd_model.initialize``, with exactly the
+    tampering's codes)."""
+    tamper, refused = TAMPERINGS[name]
+    app = load_app(scene.modeling, scene.compiled, scene.ckpt, **tamper(scene))
+    if refused is None:
+        loaded = load(app, scene.compiled)
+        assert loaded is not None and same_weights(loaded.weights, files_on_disk(scene.compiled))
+        return None
+    with pytest.raises(sm.ShardedWeightsError) as caught:
+        load(app, scene.compiled)
+    assert app.traced_model.nxd_model.calls == []
+    assert set(caught.value.codes) == refused, str(caught.value)
+    return str(caught.value)
