@@ -61,7 +61,7 @@ def _no_custom_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_corpus_is_large_named_and_covers_every_check() -> None:
     assert len(CASES) >= 50
     assert len({entry.name for entry in CASES}) == len(CASES)
-    assert {entry.check for entry in CASES} == set(CHECKS) - {"presharded"}  # compiled directories: test_sharded_manifest
+    assert {entry.check for entry in CASES} == set(CHECKS) - {"presharded"}  # compiled directories: test_validate_presharded
     assert all(entry.code.startswith(entry.check + ".") for entry in CASES)
 
 

@@ -1,7 +1,7 @@
 """Pre-sharded weights through NxDI's REAL ``shard_weights`` and ``load_weights`` (from
 ``NXDI_SRC``, the Neuron packages stood in by ``neuron_stubs``; NxD's ``ModelBuilder`` replaced by
 the stand-in builder, the traced model by one that records ``nxd_model.initialize``): the same
-scenarios as ``test_sharded_manifest.py``. Skipped unless NxDI is importable or ``NXDI_SRC`` is set.
+scenarios as ``test_validate_presharded.py``. Skipped unless NxDI is importable or ``NXDI_SRC`` is set.
 
 Run: ``NXDI_SRC=/path/to/neuronx-distributed-inference python3 -m pytest -q -m nxdi test/test_nxdi_presharded.py``
 """

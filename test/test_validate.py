@@ -321,7 +321,7 @@ def test_every_check_category_has_three_cases() -> None:
     checks = [code.split(".")[0] for _, _, code, _ in CASES] + [c.split(".")[0] for _, _, c in NEURON_CONFIG_CASES]
     for check in CHECKS:
         if check in ("integrity", "presharded"):
-            continue  # digests and TOCTOU: with the integrity checks and the loader; presharded: test_sharded_manifest
+            continue  # digests and TOCTOU: with the integrity checks and the loader; presharded: test_validate_presharded
         assert checks.count(check) >= 3, check
 
 

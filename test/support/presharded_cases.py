@@ -1,4 +1,4 @@
-"""The pre-sharded weights scenarios, shared by the stand-in tests (``test_sharded_manifest.py``)
+"""The pre-sharded weights scenarios, shared by the stand-in tests (``test_validate_presharded.py``)
 and the ones driving NxDI's real ``shard_weights`` / ``load_weights`` (``test_nxdi_presharded.py``).
 
 ``modeling`` is either module (stand-in or real ``modeling_gpt_oss``); both build the app the
