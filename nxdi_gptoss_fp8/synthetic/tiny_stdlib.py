@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..config_fields import config_field_problems
-from ..validate.deep_scan import padding_region
+from ..padding import padding_region
 from ..writer import CheckpointWriter
 
 __all__ = [

@@ -41,6 +41,7 @@ except ImportError:  # the validator itself needs only the standard library
 from .. import format as fmt
 from ..deps import missing
 from ..errors import NotRegularFileError
+from ..padding import Region, padding_region
 from ..progress import Progress
 from ..safeio.files import open_regular
 from ..safeio.hashing import Cancelled, gather
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from .view import CheckpointView
 
 __all__ = [
-    "CHUNK_BYTES", "Region", "ScanStats", "ScanTarget", "TensorResult", "deep_scan", "padding_region",
+    "CHUNK_BYTES", "Region", "ScanStats", "ScanTarget", "TensorResult", "deep_scan",
     "scan_targets", "scan_tensor",
 ]
 
@@ -59,22 +60,6 @@ CHUNK_BYTES = 4 << 20  # bytes read at a time (per thread): amortizes the per-ch
 _EXPONENT_TOP = 0x78  # (byte & 0x7F) >= 0x78  <=>  exponent bits all ones
 _BF16_EXPONENT_TOP = 0x7F80  # (value & 0x7FFF) >= 0x7F80  <=>  exponent bits all ones: ±inf, NaN
 
-
-# Tensors whose last dimension is H' (padded at its end); the others are listed in padding_region.
-_HIDDEN_LAST = (
-    "embed_tokens.weight", "lm_head.weight", "norm.weight", "input_layernorm.weight",
-    "post_attention_layernorm.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
-    "o_proj.bias", "router.linear_router.weight", f"{fmt.DOWN}.bias",
-)
-
-
-@dataclass(frozen=True)
-class Region:
-    """Padding of one expert's [rows, cols] matrix: rows [row_start, rows) are padding, and
-    in the rows before it the listed column ranges are."""
-
-    row_start: int
-    col_ranges: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -125,25 +110,6 @@ class ScanStats:
     @property
     def rate_gb_s(self) -> float:
         return self.bytes_scanned / self.elapsed_s / 1e9 if self.elapsed_s > 0 else 0.0
-
-
-def padding_region(name: str, shape: tuple[int, ...], layout: fmt.Layout) -> Region | None:
-    """The padding of tensor ``name`` as a ``Region`` of its [rows, cols] view, or None."""
-    h, i = layout.dims.hidden_size, layout.dims.intermediate_size
-    hp, ip = layout.padded_hidden_size, layout.padded_intermediate_size
-    if (h, i) == (hp, ip) or name.endswith(".scale"):
-        return None
-    rows = shape[-2] if len(shape) >= 2 else 1
-    if name.endswith((f"{fmt.GATE_UP}.weight", f"{fmt.GATE_UP}.bias")):
-        row_start = h if name.endswith(".weight") else rows
-        return Region(row_start, ((i, ip), (ip + i, 2 * ip)) if ip > i else ())
-    if name.endswith(f"{fmt.DOWN}.weight"):
-        return Region(i, ((h, hp),) if hp > h else ())
-    if name.endswith("self_attn.o_proj.weight"):
-        return Region(h, ())
-    if name.endswith(_HIDDEN_LAST) and hp > h:
-        return Region(rows, ((h, hp),))
-    return None
 
 
 def scan_targets(view: CheckpointView) -> list[ScanTarget]:
