@@ -128,8 +128,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                     args, plan_from_hub(fetch, args.out, overwrite=args.overwrite, **sizes)))
                 options = {**sizes, "overwrite": args.overwrite, "provenance": source.provenance(),
                            "extra_files": companion_files(source.path), "gate_up_split": args.ct_gate_up_split}
-                planned = plan(source.path, args.out, **options)
-                _plan_or_refuse(args, planned)
+                if args.dry_run:
+                    raise _PlanShown(plan(source.path, args.out, **options))
+                # convert() makes the same plan first and refuses at once when it does not fit
                 report = convert(source.path, args.out, progress=True, workers=workers, **options)
             except ConversionError as exc:  # a source or output we cannot use: unreadable input
                 raise UsageError(str(exc)) from None
