@@ -319,7 +319,8 @@ def test_flags_are_exact_for_every_value(itemsize: int) -> None:
     arrays += [np.array([v, w], dtype=element) for v in values[::7] for w in values[::5]]
     arrays += [rng.integers(0, 256 ** itemsize, n, dtype=element) for n in (0, 1, 7, 8, 9, 1000)]
     for array in arrays:
-        assert ds._flags(memoryview(array.tobytes()), itemsize) == expected(array), array
+        unsigned = np.frombuffer(array.tobytes(), dtype=element)
+        assert ds._flags(unsigned, unsigned.view(np.int8 if itemsize == 1 else np.int16)) == expected(array), array
 
 
 def test_the_findings_do_not_depend_on_the_thread_count(padded: Path) -> None:
@@ -384,3 +385,58 @@ def test_ctrl_c_while_waiting_for_the_threads_stops_every_thread(tiny_template: 
         ds.deep_scan(report.view, report, chunk_bytes=256, workers=2)
     assert time_module.perf_counter() - started < 1.0
     assert sum(scanned) < total / 4
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 2, 3])
+def test_findings_across_a_chunk_boundary_are_found_whole(tiny_checkpoint: Path, rows_per_chunk: int) -> None:
+    """Bad values on both sides of a chunk boundary are counted together with the first one's
+    coordinates; an expert whose only non-zero byte is in its last chunk is not all zero."""
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    down = next(t for t in ds.scan_targets(report.view) if t.key == DOWN_W)
+    attention = next(t for t in ds.scan_targets(report.view) if t.key == Q_PROJ)
+    boundary = rows_per_chunk  # the first row of the second chunk
+    poke(tiny_checkpoint, DOWN_W, (1, boundary - 1, down.cols - 1), b"\x7f")  # last byte of a chunk
+    poke(tiny_checkpoint, DOWN_W, (1, boundary, 0), b"\xf8")  # first byte of the next
+    Ckpt(tiny_checkpoint).poke(DOWN_W, 2 * down.rows * down.cols, bytes(down.rows * down.cols))
+    poke(tiny_checkpoint, DOWN_W, (2, down.rows - 1, down.cols - 1), b"\x01")  # expert 2: one byte, at its end
+    poke(tiny_checkpoint, Q_PROJ, (boundary - 1, attention.cols - 1), struct.pack("<H", 0xFF80))
+    poke(tiny_checkpoint, Q_PROJ, (boundary, 0), struct.pack("<H", 0x7FC0))
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    ds.deep_scan(report.view, report, chunk_bytes=rows_per_chunk * down.cols)  # BF16: half as many (longer) rows
+    found = codes(report)
+    (fp8,) = found["values.fp8_out_of_range"]
+    assert "has 2 FP8 values" in fp8 and f"first at [1, {boundary - 1}, {down.cols - 1}] = 0x7F" in fp8
+    (bf16,) = found["values.non_finite"]
+    assert "has 2 non-finite" in bf16 and f"first at [{boundary - 1}, {attention.cols - 1}] = 0xFF80" in bf16
+    assert "values.zero_expert" not in found
+    reference = deep(tiny_checkpoint)
+    assert _problems(report) == _problems(reference)
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"index0": ("1", "Data", "48K"), "index2": ("2", "Unified", "1024K"), "index3": ("3", "Unified", "32768K")}, 1 << 20),
+    ({"index2": ("2", "Unified", "2M")}, 2 << 20),
+    ({"index2": ("2", "Data", "524288")}, 512 << 10),
+    ({"index1": ("1", "Instruction", "32K"), "index2": ("2", "Instruction", "1M")}, None),  # no L2 for data
+    ({"index2": ("2", "Unified", "lots")}, None),
+    ({"index2": ("2", "Unified", "0K")}, None),
+    ({"index2": ("2", "Unified", "")}, None),
+    ({}, None),
+])
+def test_the_l2_size_is_read_from_sysfs_or_is_unknown(tmp_path: Path, files: dict[str, tuple[str, str, str]],
+                                                      expected: int | None) -> None:
+    for entry, (level, kind, size) in files.items():
+        (tmp_path / entry).mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / entry / name).write_text(text + "\n")
+    assert ds.l2_cache_bytes(str(tmp_path)) == expected
+    assert ds.l2_cache_bytes(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize(("l2", "chunk"), [
+    (None, ds.CHUNK_BYTES), (1 << 20, 512 << 10), (2 << 20, 1 << 20), (32 << 20, ds.MAX_CHUNK_BYTES),
+    (64 << 10, ds.MIN_CHUNK_BYTES), (1, ds.MIN_CHUNK_BYTES),
+])
+def test_the_chunk_is_half_the_l2_within_bounds(l2: int | None, chunk: int) -> None:
+    assert ds.chunk_bytes_for(l2) == chunk
+    assert ds.MIN_CHUNK_BYTES <= ds.cache_chunk_bytes() <= ds.MAX_CHUNK_BYTES
