@@ -12,6 +12,7 @@ import pytest
 from corpus import Ckpt, Tensor
 
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.cpu_cache import cache_chunk_bytes
 from nxdi_gptoss_fp8.errors import MissingDependencyError
 from nxdi_gptoss_fp8.safeio.files import open_regular
 from nxdi_gptoss_fp8.safeio.safetensors_header import read_header
@@ -72,7 +73,7 @@ def test_default_preflight_reads_no_fp8_byte(tiny_template: Path) -> None:
 
 
 @pytest.mark.parametrize("template", ["tiny_template", "tiny_padded_template"])
-@pytest.mark.parametrize("chunk_bytes", [1, 200, ds.CHUNK_BYTES])
+@pytest.mark.parametrize("chunk_bytes", [1, 200, cache_chunk_bytes()])
 def test_each_byte_is_read_exactly_once(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
                                         template: str, chunk_bytes: int) -> None:
     ckpt = request.getfixturevalue(template)
@@ -411,32 +412,3 @@ def test_findings_across_a_chunk_boundary_are_found_whole(tiny_checkpoint: Path,
     assert "values.zero_expert" not in found
     reference = deep(tiny_checkpoint)
     assert _problems(report) == _problems(reference)
-
-
-@pytest.mark.parametrize(("files", "expected"), [
-    ({"index0": ("1", "Data", "48K"), "index2": ("2", "Unified", "1024K"), "index3": ("3", "Unified", "32768K")}, 1 << 20),
-    ({"index2": ("2", "Unified", "2M")}, 2 << 20),
-    ({"index2": ("2", "Data", "524288")}, 512 << 10),
-    ({"index1": ("1", "Instruction", "32K"), "index2": ("2", "Instruction", "1M")}, None),  # no L2 for data
-    ({"index2": ("2", "Unified", "lots")}, None),
-    ({"index2": ("2", "Unified", "0K")}, None),
-    ({"index2": ("2", "Unified", "")}, None),
-    ({}, None),
-])
-def test_the_l2_size_is_read_from_sysfs_or_is_unknown(tmp_path: Path, files: dict[str, tuple[str, str, str]],
-                                                      expected: int | None) -> None:
-    for entry, (level, kind, size) in files.items():
-        (tmp_path / entry).mkdir()
-        for name, text in (("level", level), ("type", kind), ("size", size)):
-            (tmp_path / entry / name).write_text(text + "\n")
-    assert ds.l2_cache_bytes(str(tmp_path)) == expected
-    assert ds.l2_cache_bytes(str(tmp_path / "missing")) is None
-
-
-@pytest.mark.parametrize(("l2", "chunk"), [
-    (None, ds.CHUNK_BYTES), (1 << 20, 512 << 10), (2 << 20, 1 << 20), (32 << 20, ds.MAX_CHUNK_BYTES),
-    (64 << 10, ds.MIN_CHUNK_BYTES), (1, ds.MIN_CHUNK_BYTES),
-])
-def test_the_chunk_is_half_the_l2_within_bounds(l2: int | None, chunk: int) -> None:
-    assert ds.chunk_bytes_for(l2) == chunk
-    assert ds.MIN_CHUNK_BYTES <= ds.cache_chunk_bytes() <= ds.MAX_CHUNK_BYTES

@@ -26,14 +26,12 @@ reported in the same order whatever the thread count.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -42,6 +40,7 @@ except ImportError:  # the validator itself needs only the standard library
     np = None  # type: ignore[assignment]
 
 from .. import format as fmt
+from ..cpu_cache import cache_chunk_bytes
 from ..deps import missing
 from ..errors import NotRegularFileError
 from ..padding import Region, padding_region
@@ -55,16 +54,9 @@ if TYPE_CHECKING:
     from .view import CheckpointView
 
 __all__ = [
-    "CACHE_DIR", "CHUNK_BYTES", "MAX_CHUNK_BYTES", "MIN_CHUNK_BYTES", "Region", "ScanStats", "ScanTarget", "TensorResult", "cache_chunk_bytes", "chunk_bytes_for", "deep_scan",
-    "l2_cache_bytes", "scan_targets", "scan_tensor",
+    "Region", "ScanStats", "ScanTarget", "TensorResult", "deep_scan", "scan_targets", "scan_tensor",
 ]
 
-# Bytes read at a time (per thread): half this CPU's L2 cache (``cache_chunk_bytes``), so the
-# chunk the kernel copies into stays in L2 for the two reductions over it; 4 MiB chunks (twice
-# a 1 MiB L2) spill to L3 and scan at 0.60x a plain read, 512 KiB ones at 0.8x.
-CHUNK_BYTES = 512 << 10  # where the L2 size cannot be read
-MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 128 << 10, 4 << 20  # below: per-chunk calls dominate; above: past any L2
-CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
 _EXPONENT_TOP = 0x78  # (byte & 0x7F) >= 0x78  <=>  exponent bits all ones
 _BF16_EXPONENT_TOP = 0x7F80  # (value & 0x7FFF) >= 0x7F80  <=>  exponent bits all ones: ±inf, NaN
 
@@ -145,43 +137,6 @@ def scan_targets(view: CheckpointView) -> list[ScanTarget]:
             fp8=spec.dtype == fmt.F8_E4M3, padding=padding_region(key, spec.shape, view.layout),
         ))
     return targets
-
-
-def l2_cache_bytes(cache_dir: str = CACHE_DIR) -> int | None:
-    """The size of the first CPU's level-2 data (or unified) cache from sysfs (``1024K``,
-    ``2M``), or None where it cannot be read (not Linux, a container hiding sysfs, odd text)."""
-    try:
-        entries = sorted(os.listdir(cache_dir))
-    except OSError:
-        return None
-    for entry in entries:
-        if not entry.startswith("index"):
-            continue
-        try:
-            fields = {name: Path(cache_dir, entry, name).read_text(encoding="ascii").strip()
-                      for name in ("level", "type", "size")}
-        except (OSError, UnicodeDecodeError):
-            continue
-        if fields["level"] != "2" or fields["type"] not in ("Data", "Unified"):
-            continue
-        text = fields["size"]
-        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:].upper(), 1)
-        digits = text[:-1] if scale > 1 else text
-        if digits.isdigit() and int(digits) > 0:
-            return int(digits) * scale
-    return None
-
-
-def chunk_bytes_for(l2_bytes: int | None) -> int:
-    """The chunk for an L2 cache of ``l2_bytes``: half of it, within ``MIN_CHUNK_BYTES`` …
-    ``MAX_CHUNK_BYTES``; ``CHUNK_BYTES`` when the size is unknown."""
-    return CHUNK_BYTES if l2_bytes is None else min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, l2_bytes // 2))
-
-
-@functools.cache
-def cache_chunk_bytes() -> int:
-    """The deep scan's chunk on this machine (``chunk_bytes_for`` this CPU's L2; read once)."""
-    return chunk_bytes_for(l2_cache_bytes())
 
 
 def _rows_per_chunk(target: ScanTarget, chunk_bytes: int) -> int:
