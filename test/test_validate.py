@@ -581,6 +581,38 @@ def test_each_shard_is_opened_once_and_one_buffer_reads_every_scale(tiny_checkpo
     assert sorted(opened) == sorted(holding) and len(buffers) == 1
 
 
+@pytest.mark.parametrize("fault", ["unreadable", "shrank"])
+def test_a_shard_failing_while_its_scales_are_read_is_one_finding_per_scale(
+        tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    """A shard that cannot be opened, or ends early, after its header was read: each of its
+    scale tensors gets the finding, in key order; the other shards' scales are still checked."""
+    import errno
+    import io
+
+    from nxdi_gptoss_fp8.validate import scales as checks
+
+    broken = shard_of(tiny_checkpoint, GATE_UP_SCALE)
+    assert shard_of(tiny_checkpoint, DOWN_SCALE) != broken
+    _set_scale_value(0.0, DOWN_SCALE)(tiny_checkpoint)  # in a shard that still reads
+    real_open = checks.open_regular
+
+    def failing_open(path: str, **kwargs: Any) -> Any:
+        if os.path.basename(path) != broken:
+            return real_open(path, **kwargs)
+        if fault == "unreadable":
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return io.BytesIO(b"")  # every read returns nothing: the file ended
+    monkeypatch.setattr(checks, "open_regular", failing_open)
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    code = "filesystem.unreadable" if fault == "unreadable" else "header.data_beyond_file"
+    hit = [f for f in report.findings if f.code == code]
+    scales_there = sorted(key for key in report.view.expected() if fmt.is_expert_scale(key)
+                          and shard_of(tiny_checkpoint, key) == broken)
+    assert [f.key for f in hit] == scales_there and {f.file for f in hit} == {broken}
+    assert all(("Permission denied" if fault == "unreadable" else "ended while reading") in f.message for f in hit)
+    assert [f.key for f in report.findings if f.code == "values.bad_scale"] == [DOWN_SCALE]
+
+
 def test_preflight_never_writes(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/format.md, Bounds and trust: nothing is opened for writing, nothing in the directory changes."""
     import builtins

@@ -183,25 +183,34 @@ def _read_into(handle: Any, view: memoryview) -> int:
     return got
 
 
-# What reading one scale tensor gave: its stats and first bad value, or the finding that replaces them.
-_Outcome = tuple[ScaleStats, bytes] | tuple[str, str]
+@dataclass(frozen=True)
+class _ScaleRead:
+    """What reading one scale tensor gave: its stats and first bad value's bytes, or the
+    (check, code, message) of the finding that replaces them."""
+
+    stats: ScaleStats | None = None
+    first_value: bytes = b""
+    problem: tuple[str, str, str] | None = None
 
 
 def _read_shard_scales(path: str, shard: str, items: list[tuple[str, TensorInfo]], start: int, buffer: bytearray,
-                       report: PreflightReport, numpy: Any) -> dict[str, _Outcome]:
+                       report: PreflightReport, numpy: Any) -> dict[str, _ScaleRead]:
     """Every scale tensor of one shard, in file order, through one open handle and ``buffer``."""
-    outcomes: dict[str, _Outcome] = {}
+    reads: dict[str, _ScaleRead] = {}
     try:
         with open_regular(path, buffering=0) as handle:
             for key, info in items:
                 try:
-                    outcomes[key] = _read_scale_stats(handle, start + info.begin, info.nbytes, buffer, report, numpy)
+                    stats, first_value = _read_scale_stats(handle, start + info.begin, info.nbytes, buffer, report, numpy)
                 except EOFError:
-                    outcomes[key] = ("data_beyond_file", f"{shard} ended while reading {key}")
+                    reads[key] = _ScaleRead(problem=("header", "data_beyond_file", f"{shard} ended while reading {key}"))
+                    continue
+                reads[key] = _ScaleRead(stats, first_value)
     except OSError as exc:
         for key, _ in items:
-            outcomes.setdefault(key, ("unreadable", f"cannot read {key} from {shard}: {exc.strerror or exc}"))
-    return outcomes
+            reads.setdefault(key, _ScaleRead(problem=("filesystem", "unreadable",
+                                                      f"cannot read {key} from {shard}: {exc.strerror or exc}")))
+    return reads
 
 
 def _check_scale_values(view: CheckpointView, report: PreflightReport) -> None:
@@ -223,21 +232,20 @@ def _check_scale_values(view: CheckpointView, report: PreflightReport) -> None:
         return
     largest = max(info.nbytes for items in by_shard.values() for _, info in items)
     buffer = bytearray(max(4, min(cache_chunk_bytes() & ~3, largest)))  # whole float32 values per chunk
-    outcomes: dict[str, _Outcome] = {}
+    reads: dict[str, _ScaleRead] = {}
     for shard, items in by_shard.items():
         header = view.headers[shard]
-        outcomes.update(_read_shard_scales(header.path, shard, sorted(items, key=lambda item: item[1].begin),
-                                           header.data_offset, buffer, report, numpy))
-    for key in sorted(outcomes):
-        outcome = outcomes[key]
+        reads.update(_read_shard_scales(header.path, shard, sorted(items, key=lambda item: item[1].begin),
+                                        header.data_offset, buffer, report, numpy))
+    for key in sorted(reads):
+        read = reads[key]
         shard, info = view.tensor(key)  # type: ignore[misc]
-        if isinstance(outcome[0], str):
-            check, code = ("header", "data_beyond_file") if outcome[0] == "data_beyond_file" else ("filesystem", "unreadable")
-            report.add(check, code, outcome[1], file=shard, key=key)  # type: ignore[arg-type]
-            continue
-        stats, first_value = outcome  # type: ignore[misc]
-        if stats.bad:
-            (value,) = struct.unpack("<f", first_value)
+        if read.problem is not None:
+            check, code, message = read.problem
+            report.add(check, code, message, file=shard, key=key)
+        elif read.stats is not None and read.stats.bad:
+            stats = read.stats
+            (value,) = struct.unpack("<f", read.first_value)
             coords = _unravel(stats.first_bad, info.shape)
             report.add(
                 "values", "bad_scale",
