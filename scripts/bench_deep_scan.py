@@ -4,15 +4,20 @@ Writes a checkpoint with real (random, in-range) FP8 expert bytes and random fin
 tensors in several shards, reads it once so it is in the page cache, then times (median of
 --repeat runs, interleaved so that load from other processes hits every case alike):
 
-- the deep scan of every FP8 and BF16 byte (``deep_scan``) with 1 and with 2 worker threads;
+- the deep scan of every FP8 and BF16 byte (``deep_scan``) with 1 and with 2 worker threads,
+  in the chunk it picks on this machine (half the L2 cache read from sysfs, ``cache_chunk_bytes``);
 - the read ceiling: ``readinto`` of the same bytes into one reused buffer in the scan's chunk
   size, no checks — what any scanner that reads the file must at least do — on 1 thread and
   on 2 (one shard per thread, as the scan);
+- a chunk sweep, 64 KiB … 4 MiB: the 1-worker scan and the plain read of the same bytes at
+  each size, side by side, with the median of the per-run ratios (scan time over read time of
+  the same round, so that a load spike hits both);
 - ``--verify-checksums`` (``integrity.check_digests``) with 1 and 2 threads, beside hashlib's
   SHA-256 rate on one core over bytes already in memory, × the cores used.
 
-Goals: the scan ≥ 50 % of the read ceiling on one core, and ≥ 1.7× with 2 workers on 2 cores;
-checksums near the single-core SHA-256 rate × cores.
+Goals: the scan ≥ 0.8× the plain read of the same bytes on one core (the read at its best
+chunk size in the sweep), and ≥ 1.7× with 2 workers on 2 cores; checksums near the
+single-core SHA-256 rate × cores.
 
     python scripts/bench_deep_scan.py [--out DIR] [--experts 16] [--layers 2] [--repeat 5]
 """
@@ -35,13 +40,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.validate.deep_scan import CHUNK_BYTES, deep_scan, scan_targets
+from nxdi_gptoss_fp8.cpu_cache import cache_chunk_bytes, l2_cache_bytes
+from nxdi_gptoss_fp8.validate.deep_scan import deep_scan, scan_targets
 from nxdi_gptoss_fp8.validate.findings import PreflightReport
 from nxdi_gptoss_fp8.validate.integrity import check_digests
 from nxdi_gptoss_fp8.validate.pipeline import preflight
 from nxdi_gptoss_fp8.writer import CheckpointWriter
 
 GB = 1e9
+SWEEP = tuple(1 << shift for shift in range(16, 23))  # 64 KiB … 4 MiB
 
 
 def build(out: str, layers: int, experts: int, seed: int = 0) -> str:
@@ -79,7 +86,7 @@ def warm(paths: list[str]) -> int:
     return total
 
 
-def read_targets(targets: list, chunk: int = CHUNK_BYTES) -> int:
+def read_targets(targets: list, chunk: int) -> int:
     """Every target's bytes copied from the page cache into one reused buffer, ``chunk`` at a time."""
     buffer = bytearray(chunk)
     view = memoryview(buffer)
@@ -95,15 +102,15 @@ def read_targets(targets: list, chunk: int = CHUNK_BYTES) -> int:
     return count
 
 
-def read_ceiling(targets: list, threads: int) -> int:
+def read_ceiling(targets: list, threads: int, chunk: int) -> int:
     """``read_targets`` with one shard per thread (as the scan spreads them)."""
     by_shard: dict[str, list] = {}
     for target in targets:
         by_shard.setdefault(target.shard, []).append(target)
     if threads == 1:
-        return read_targets(targets)
+        return read_targets(targets, chunk)
     with ThreadPoolExecutor(threads) as pool:
-        return sum(pool.map(read_targets, by_shard.values()))
+        return sum(pool.map(read_targets, by_shard.values(), [chunk] * len(by_shard)))
 
 
 def sha256_rate(size: int = 256 << 20) -> float:
@@ -157,9 +164,11 @@ def main() -> int:
     fp8 = sum(t.nbytes for t in targets if t.fp8)
     scanned = sum(t.nbytes for t in targets)
 
-    def scan(workers: int) -> int:
+    chunk = cache_chunk_bytes()
+
+    def scan(workers: int, chunk_bytes: int | None = None) -> int:
         scratch = PreflightReport(path=out)
-        stats = deep_scan(view, scratch, show_progress=False, workers=workers)
+        stats = deep_scan(view, scratch, chunk_bytes=chunk_bytes, show_progress=False, workers=workers)
         assert scratch.ok and stats.workers == workers, scratch.render_text()
         return stats.bytes_scanned
 
@@ -171,20 +180,25 @@ def main() -> int:
 
     cases: dict[str, Callable[[], int]] = {
         "deep scan, 1 worker": lambda: scan(1),
-        "read ceiling, 1 thread": lambda: read_ceiling(targets, 1),
+        "read ceiling, 1 thread": lambda: read_ceiling(targets, 1, chunk),
         "deep scan, 2 workers": lambda: scan(2),
-        "read ceiling, 2 threads": lambda: read_ceiling(targets, 2),
+        "read ceiling, 2 threads": lambda: read_ceiling(targets, 2, chunk),
         "checksums, 1 thread": lambda: hash_all(1),
         "checksums, 2 threads": lambda: hash_all(2),
     }
+    for size in SWEEP:  # default arguments bind this size
+        cases[f"sweep scan {size}"] = lambda size=size: scan(1, size)
+        cases[f"sweep read {size}"] = lambda size=size: read_ceiling(targets, 1, size)
     times: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}  # this thread's CPU time (1-thread cases)
     counts: dict[str, int] = {}
     sha_rates = []
     for _ in range(args.repeat):
         for name, run in cases.items():
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.thread_time()
             counts[name] = run()
             times[name].append(time.perf_counter() - started)
+            cpu[name].append(time.thread_time() - started_cpu)
         sha_rates.append(sha256_rate())
     scaling = cpu_scaling()
     tracemalloc.start()  # one more scan, for the memory it allocates (numpy and buffers are traced)
@@ -194,16 +208,38 @@ def main() -> int:
     seconds = {name: statistics.median(values) for name, values in times.items()}
     rate = {name: counts[name] / seconds[name] / GB for name in cases}
     sha = statistics.median(sha_rates) / GB
+    l2 = l2_cache_bytes()
     print(f"checkpoint: {len(view.headers)} shards, {cached / GB:.2f} GB page-cached; the scan reads {len(targets)} "
-          f"tensors, {scanned / GB:.2f} GB ({fp8 / GB:.2f} GB FP8); chunks of {CHUNK_BYTES / 1e6:.1f} MB; "
+          f"tensors, {scanned / GB:.2f} GB ({fp8 / GB:.2f} GB FP8); L2 {'unknown' if l2 is None else f'{l2 >> 10} KiB'}, "
+          f"chunks of {chunk >> 10} KiB; "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; median of {args.repeat}; 2 processes hashing in memory "
           f"get {scaling:.2f}x one done now (2.00 on an idle 2-core machine)")
     print(f"{'what':<28}{'bytes':>16}{'seconds':>10}{'GB/s':>8}")
     for name in cases:
-        print(f"{name:<28}{counts[name]:>16,}{seconds[name]:>10.3f}{rate[name]:>8.2f}")
+        if not name.startswith("sweep"):
+            print(f"{name:<28}{counts[name]:>16,}{seconds[name]:>10.3f}{rate[name]:>8.2f}")
     print(f"{'sha256, 1 core, in memory':<28}{'':>16}{'':>10}{sha:>8.2f}")
-    print(f"deep scan: {100 * rate['deep scan, 1 worker'] / rate['read ceiling, 1 thread']:.0f}% of the read ceiling "
-          f"on 1 core (goal >= 50%); 2 workers {rate['deep scan, 2 workers'] / rate['deep scan, 1 worker']:.2f}x 1 worker "
+    paired = {size: statistics.median(r / s for r, s in zip(times[f"sweep read {size}"], times[f"sweep scan {size}"],
+                                                             strict=True)) for size in SWEEP}
+    paired_cpu = {size: statistics.median(r / s for r, s in zip(cpu[f"sweep read {size}"], cpu[f"sweep scan {size}"],
+                                                                 strict=True)) for size in SWEEP}
+    best_read = max(rate[f"sweep read {size}"] for size in SWEEP)
+    cpu_rate = {name: counts[name] / statistics.median(values) / GB for name, values in cpu.items() if name.startswith("sweep")}
+    best_cpu_read = max(cpu_rate[f"sweep read {size}"] for size in SWEEP)
+    print("chunk sweep, 1 thread: wall-clock rates, then per CPU-second of this thread (user + system: the kernel's "
+          "copy included), per-run = median over rounds of read time / scan time")
+    print(f"{'chunk':>10}{'scan GB/s':>11}{'read GB/s':>11}{'scan/read':>11}{'per-run':>9}{'/best read':>12}"
+          f"{'scan CPU':>10}{'read CPU':>10}{'per-run':>9}{'/best read':>12}")
+    for size in SWEEP:
+        scan_rate, read_rate = rate[f"sweep scan {size}"], rate[f"sweep read {size}"]
+        scan_cpu, read_cpu = cpu_rate[f"sweep scan {size}"], cpu_rate[f"sweep read {size}"]
+        mark = "  <- chosen (half the L2)" if size == chunk else ""
+        print(f"{size >> 10:>7} KiB{scan_rate:>11.2f}{read_rate:>11.2f}{scan_rate / read_rate:>10.2f}x{paired[size]:>8.2f}x"
+              f"{scan_rate / best_read:>11.2f}x{scan_cpu:>10.2f}{read_cpu:>10.2f}{paired_cpu[size]:>8.2f}x"
+              f"{scan_cpu / best_cpu_read:>11.2f}x{mark}")
+    print(f"deep scan, 1 worker, {chunk >> 10} KiB chunks: {rate['deep scan, 1 worker'] / rate['read ceiling, 1 thread']:.2f}x "
+          f"the plain read of the same bytes in the same chunks, {rate['deep scan, 1 worker'] / best_read:.2f}x the best plain "
+          f"read of the sweep (goal >= 0.8x); 2 workers {rate['deep scan, 2 workers'] / rate['deep scan, 1 worker']:.2f}x 1 worker "
           f"(goal >= 1.7x; the read ceiling itself scales {rate['read ceiling, 2 threads'] / rate['read ceiling, 1 thread']:.2f}x); "
           f"{scan_peak / 1e6:.0f} MB allocated at peak")
     print(f"checksums: 1 thread {100 * rate['checksums, 1 thread'] / sha:.0f}% of the 1-core SHA-256 rate, "

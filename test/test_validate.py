@@ -506,18 +506,111 @@ _ORDINARY_BITS = st.integers(0x0100_0000, 0x7EFF_FFFF)  # positive, normal, fini
 @given(st.lists(st.sampled_from(_SPECIAL_BITS) | st.integers(0, 2**32 - 1), max_size=40)
        | st.tuples(st.lists(_ORDINARY_BITS, min_size=1, max_size=200), st.lists(st.sampled_from(_SPECIAL_BITS) | st.integers(0, 2**32 - 1), max_size=3),
                    st.randoms()).map(lambda t: t[2].sample(t[0] + t[1], len(t[0]) + len(t[1]))),
-       st.binary(max_size=3), st.booleans())
-def test_scale_stats_with_numpy_matches_the_stdlib_path(bits: list[int], tail: bytes, as_bytearray: bool) -> None:
+       st.binary(max_size=3), st.sampled_from(["bytes", "bytearray", "memoryview"]))
+def test_scale_stats_with_numpy_matches_the_stdlib_path(bits: list[int], tail: bytes, kind: str) -> None:
     """The numpy path (a min and a max over 32-bit words) decides exactly as the stdlib path and
     the per-value definition, whatever float32 patterns (normal, subnormal, ±0, negative, NaN,
     inf) sit at whatever positions; a trailing partial value is ignored by both."""
     import numpy
 
-    raw = struct.pack(f"<{len(bits)}I", *bits) + tail
-    raw = bytearray(raw) if as_bytearray else raw
+    packed = struct.pack(f"<{len(bits)}I", *bits) + tail
+    raw = {"bytes": packed, "bytearray": bytearray(packed), "memoryview": memoryview(bytearray(packed))}[kind]
     with_numpy, stdlib = scale_stats(raw, numpy=numpy), scale_stats(raw)
     assert with_numpy == stdlib
     assert (stdlib.bad, stdlib.negative, stdlib.zero, stdlib.non_finite, stdlib.subnormal, stdlib.first_bad) == _reference_stats(bits)
+
+
+def _scale_findings(ckpt: Path) -> list[tuple[str, str | None, str | None, str]]:
+    return [(f.code, f.file, f.key, f.message) for f in preflight(ckpt, allow_custom_model=True).findings]
+
+
+@pytest.mark.parametrize("path", ["numpy", "stdlib"])
+@pytest.mark.parametrize("chunk", [4, 12, 40, 4096])
+def test_the_scale_chunk_size_does_not_change_the_findings(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          path: str, chunk: int) -> None:
+    """Bad scales on both sides of a chunk boundary and in a tensor's last, shorter chunk are
+    counted whole, with the first one's coordinates, whatever the chunk size and path."""
+    import numpy
+
+    from nxdi_gptoss_fp8.validate import scales as checks
+
+    for key, places in ((GATE_UP_SCALE, (2, 3, 9, 10)), (DOWN_SCALE, (-1,))):
+        def change(tensors: dict[str, torch.Tensor], key: str = key, places: tuple[int, ...] = places) -> None:
+            scale = tensors[key].clone()
+            for index, value in zip(places, (0.0, float("nan"), -1.0, 1e-40), strict=False):
+                scale.view(-1)[index] = value
+            tensors[key] = scale
+        edit_shard(tiny_checkpoint, shard_of(tiny_checkpoint, key), change)
+    reference = _scale_findings(tiny_checkpoint)
+    assert sum(code == "values.bad_scale" for code, *_ in reference) == 2
+    monkeypatch.setattr(checks, "loaded_numpy", lambda: numpy if path == "numpy" else None)
+    monkeypatch.setattr(checks, "cache_chunk_bytes", lambda: chunk)
+    assert _scale_findings(tiny_checkpoint) == reference
+
+
+def test_each_shard_is_opened_once_and_one_buffer_reads_every_scale(tiny_checkpoint: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from nxdi_gptoss_fp8.validate import scales as checks
+
+    opened: list[str] = []
+    buffers: set[int] = set()
+    real_open = checks.open_regular
+
+    class Recorder:
+        def __init__(self, path: str, **kwargs: Any) -> None:
+            opened.append(os.path.basename(path))
+            self.handle = real_open(path, **kwargs)
+
+        def __enter__(self) -> Recorder:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()
+
+        def seek(self, position: int) -> int:
+            return self.handle.seek(position)
+
+        def readinto(self, view: memoryview) -> int:
+            buffers.add(id(view.obj))
+            return self.handle.readinto(view)
+
+    monkeypatch.setattr(checks, "open_regular", Recorder)
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    assert report.ok, report.render_text()
+    holding = {shard_of(tiny_checkpoint, key) for key in report.view.expected() if fmt.is_expert_scale(key)}
+    assert sorted(opened) == sorted(holding) and len(buffers) == 1
+
+
+@pytest.mark.parametrize("fault", ["unreadable", "shrank"])
+def test_a_shard_failing_while_its_scales_are_read_is_one_finding_per_scale(
+        tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    """A shard that cannot be opened, or ends early, after its header was read: each of its
+    scale tensors gets the finding, in key order; the other shards' scales are still checked."""
+    import errno
+    import io
+
+    from nxdi_gptoss_fp8.validate import scales as checks
+
+    broken = shard_of(tiny_checkpoint, GATE_UP_SCALE)
+    assert shard_of(tiny_checkpoint, DOWN_SCALE) != broken
+    _set_scale_value(0.0, DOWN_SCALE)(tiny_checkpoint)  # in a shard that still reads
+    real_open = checks.open_regular
+
+    def failing_open(path: str, **kwargs: Any) -> Any:
+        if os.path.basename(path) != broken:
+            return real_open(path, **kwargs)
+        if fault == "unreadable":
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return io.BytesIO(b"")  # every read returns nothing: the file ended
+    monkeypatch.setattr(checks, "open_regular", failing_open)
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    code = "filesystem.unreadable" if fault == "unreadable" else "header.data_beyond_file"
+    hit = [f for f in report.findings if f.code == code]
+    scales_there = sorted(key for key in report.view.expected() if fmt.is_expert_scale(key)
+                          and shard_of(tiny_checkpoint, key) == broken)
+    assert [f.key for f in hit] == scales_there and {f.file for f in hit} == {broken}
+    assert all(("Permission denied" if fault == "unreadable" else "ended while reading") in f.message for f in hit)
+    assert [f.key for f in report.findings if f.code == "values.bad_scale"] == [DOWN_SCALE]
 
 
 def test_preflight_never_writes(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:

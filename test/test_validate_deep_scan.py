@@ -12,6 +12,7 @@ import pytest
 from corpus import Ckpt, Tensor
 
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.cpu_cache import cache_chunk_bytes
 from nxdi_gptoss_fp8.errors import MissingDependencyError
 from nxdi_gptoss_fp8.safeio.files import open_regular
 from nxdi_gptoss_fp8.safeio.safetensors_header import read_header
@@ -72,7 +73,7 @@ def test_default_preflight_reads_no_fp8_byte(tiny_template: Path) -> None:
 
 
 @pytest.mark.parametrize("template", ["tiny_template", "tiny_padded_template"])
-@pytest.mark.parametrize("chunk_bytes", [1, 200, ds.CHUNK_BYTES])
+@pytest.mark.parametrize("chunk_bytes", [1, 200, cache_chunk_bytes()])
 def test_each_byte_is_read_exactly_once(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
                                         template: str, chunk_bytes: int) -> None:
     ckpt = request.getfixturevalue(template)
@@ -319,7 +320,8 @@ def test_flags_are_exact_for_every_value(itemsize: int) -> None:
     arrays += [np.array([v, w], dtype=element) for v in values[::7] for w in values[::5]]
     arrays += [rng.integers(0, 256 ** itemsize, n, dtype=element) for n in (0, 1, 7, 8, 9, 1000)]
     for array in arrays:
-        assert ds._flags(memoryview(array.tobytes()), itemsize) == expected(array), array
+        unsigned = np.frombuffer(array.tobytes(), dtype=element)
+        assert ds._flags(unsigned, unsigned.view(np.int8 if itemsize == 1 else np.int16)) == expected(array), array
 
 
 def test_the_findings_do_not_depend_on_the_thread_count(padded: Path) -> None:
@@ -384,3 +386,29 @@ def test_ctrl_c_while_waiting_for_the_threads_stops_every_thread(tiny_template: 
         ds.deep_scan(report.view, report, chunk_bytes=256, workers=2)
     assert time_module.perf_counter() - started < 1.0
     assert sum(scanned) < total / 4
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 2, 3])
+def test_findings_across_a_chunk_boundary_are_found_whole(tiny_checkpoint: Path, rows_per_chunk: int) -> None:
+    """Bad values on both sides of a chunk boundary are counted together with the first one's
+    coordinates; an expert whose only non-zero byte is in its last chunk is not all zero."""
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    down = next(t for t in ds.scan_targets(report.view) if t.key == DOWN_W)
+    attention = next(t for t in ds.scan_targets(report.view) if t.key == Q_PROJ)
+    boundary = rows_per_chunk  # the first row of the second chunk
+    poke(tiny_checkpoint, DOWN_W, (1, boundary - 1, down.cols - 1), b"\x7f")  # last byte of a chunk
+    poke(tiny_checkpoint, DOWN_W, (1, boundary, 0), b"\xf8")  # first byte of the next
+    Ckpt(tiny_checkpoint).poke(DOWN_W, 2 * down.rows * down.cols, bytes(down.rows * down.cols))
+    poke(tiny_checkpoint, DOWN_W, (2, down.rows - 1, down.cols - 1), b"\x01")  # expert 2: one byte, at its end
+    poke(tiny_checkpoint, Q_PROJ, (boundary - 1, attention.cols - 1), struct.pack("<H", 0xFF80))
+    poke(tiny_checkpoint, Q_PROJ, (boundary, 0), struct.pack("<H", 0x7FC0))
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    ds.deep_scan(report.view, report, chunk_bytes=rows_per_chunk * down.cols)  # BF16: half as many (longer) rows
+    found = codes(report)
+    (fp8,) = found["values.fp8_out_of_range"]
+    assert "has 2 FP8 values" in fp8 and f"first at [1, {boundary - 1}, {down.cols - 1}] = 0x7F" in fp8
+    (bf16,) = found["values.non_finite"]
+    assert "has 2 non-finite" in bf16 and f"first at [{boundary - 1}, {attention.cols - 1}] = 0xFF80" in bf16
+    assert "values.zero_expert" not in found
+    reference = deep(tiny_checkpoint)
+    assert _problems(report) == _problems(reference)

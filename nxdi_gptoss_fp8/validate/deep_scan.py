@@ -15,9 +15,10 @@ straddle an expert, and reports per tensor, with counts and the first offending 
 
 "Zero" means numerically zero: +0 and -0 (0x00, 0x80 in FP8; 0x0000, 0x8000 in BF16).
 
-Speed: a chunk is read into one reused buffer and tested with two max reductions over it,
-viewed unsigned and signed (``_flags``): they say exactly whether any value is out of range
-and whether any is non-zero, with no per-value Python and no temporary array. Only a chunk
+Speed: a chunk, half the L2 cache in size (``cache_chunk_bytes``), is read into one reused
+buffer and tested with two max reductions over it while it is still in L2, viewed unsigned and
+signed (``_flags``): they say exactly whether any value is out of range and whether any is
+non-zero, with no per-value Python and no temporary array. Only a chunk
 holding a bad value is looked at value by value, for the count and the first coordinates.
 Shards are scanned in parallel threads (reading and numpy release the GIL); findings are
 reported in the same order whatever the thread count.
@@ -39,6 +40,7 @@ except ImportError:  # the validator itself needs only the standard library
     np = None  # type: ignore[assignment]
 
 from .. import format as fmt
+from ..cpu_cache import cache_chunk_bytes
 from ..deps import missing
 from ..errors import NotRegularFileError
 from ..padding import Region, padding_region
@@ -52,11 +54,9 @@ if TYPE_CHECKING:
     from .view import CheckpointView
 
 __all__ = [
-    "CHUNK_BYTES", "Region", "ScanStats", "ScanTarget", "TensorResult", "deep_scan",
-    "scan_targets", "scan_tensor",
+    "Region", "ScanStats", "ScanTarget", "TensorResult", "deep_scan", "scan_targets", "scan_tensor",
 ]
 
-CHUNK_BYTES = 4 << 20  # bytes read at a time (per thread): amortizes the per-chunk calls, stays in L3
 _EXPONENT_TOP = 0x78  # (byte & 0x7F) >= 0x78  <=>  exponent bits all ones
 _BF16_EXPONENT_TOP = 0x7F80  # (value & 0x7FFF) >= 0x7F80  <=>  exponent bits all ones: ±inf, NaN
 
@@ -157,50 +157,64 @@ def _first_true(mask: np.ndarray) -> tuple[int, int]:
     return divmod(flat, mask.shape[1])
 
 
-def _flags(data: memoryview, itemsize: int) -> tuple[bool, bool]:
-    """(some value is out of range, some value is non-zero) among the ``itemsize``-byte
-    little-endian values of ``data``: exact, from two max reductions and no temporary.
+_top = np.maximum.reduce if np is not None else None  # the ufunc itself: less per-call work than .max()
+
+
+def _flags(unsigned: np.ndarray, signed: np.ndarray) -> tuple[bool, bool]:
+    """(some value is out of range, some value is non-zero) among the little-endian values of
+    ``unsigned`` (uint8 or uint16) and ``signed`` (the same bytes as int8 or int16): exact,
+    from two max reductions and no temporary.
 
     Viewed unsigned, the largest value is a negative one (sign bit set) when there is any;
     viewed signed, it is the largest positive one. A positive value is out of range when it is
     at least ``bad`` (FP8 0x78, BF16 0x7F80: exponent all ones), a negative one when it is at
     least ``sign | bad``; non-zero means at least 1, or ``sign | 1`` (-0 is zero).
     """
-    unsigned = np.frombuffer(data, dtype=np.uint8 if itemsize == 1 else np.uint16)
     if not unsigned.size:
         return False, False
-    sign, bad = (0x80, _EXPONENT_TOP) if itemsize == 1 else (0x8000, _BF16_EXPONENT_TOP)
-    top_negative = int(unsigned.max())
-    top_positive = int(unsigned.view(np.int8 if itemsize == 1 else np.int16).max())
+    sign, bad = (0x80, _EXPONENT_TOP) if unsigned.itemsize == 1 else (0x8000, _BF16_EXPONENT_TOP)
+    top_negative = int(_top(unsigned))
+    top_positive = int(_top(signed))
     return (top_positive >= bad or top_negative >= sign | bad), (top_positive >= 1 or top_negative >= sign | 1)
 
 
-def scan_tensor(target: ScanTarget, handle: Any, buffer: bytearray, *, chunk_bytes: int = CHUNK_BYTES,
+def scan_tensor(target: ScanTarget, handle: Any, buffer: bytearray, *, chunk_bytes: int | None = None,
                 progress: Any = None, cancel: threading.Event | None = None) -> TensorResult:
     """Scan one tensor from the open shard ``handle`` using ``buffer`` (≥ one chunk).
 
+    The chunks of a tensor follow each other in the file: one seek per tensor, then one
+    ``readinto`` and two reductions per chunk over arrays made once over ``buffer``.
     ``cancel``, when set, stops the scan at the next chunk with ``Cancelled``.
     """
+    chunk_bytes = chunk_bytes or cache_chunk_bytes()
     result = TensorResult()
     row_bytes = target.cols * target.itemsize
-    element = np.uint8 if target.itemsize == 1 else np.uint16
+    element, signed_element = (np.uint8, np.int8) if target.itemsize == 1 else (np.uint16, np.int16)
     mask, bad_from = (0x7F, _EXPONENT_TOP) if target.itemsize == 1 else (0x7FFF, _BF16_EXPONENT_TOP)
+    whole = memoryview(buffer)
+    unsigned = np.frombuffer(buffer, dtype=element, count=len(buffer) // target.itemsize)
+    signed = unsigned.view(signed_element)
+    blocks: dict[int, tuple[memoryview, np.ndarray, np.ndarray]] = {}  # row count -> its views, made once
+    readinto = handle.readinto
     nonzero_in_expert = False
+    handle.seek(target.offset)
     for expert, row, count in _chunks(target, chunk_bytes):
         if cancel is not None and cancel.is_set():
             raise Cancelled
         if row == 0:
             nonzero_in_expert = False
-        size = count * row_bytes
-        handle.seek(target.offset + (expert * target.rows + row) * row_bytes)
-        view = memoryview(buffer)[:size]
-        got = handle.readinto(view)
-        if got != size:
+        block = blocks.get(count)
+        if block is None:
+            numel = count * target.cols
+            block = blocks[count] = (whole[:count * row_bytes], unsigned[:numel], signed[:numel])
+        data, chunk, signed_chunk = block
+        size = len(data)
+        if readinto(data) != size:
             raise EOFError(f"{target.shard} ended inside {target.key}")
-        out_of_range, nonzero = _flags(view, target.itemsize)
+        out_of_range, nonzero = _flags(chunk, signed_chunk)
         values = None
         if out_of_range:  # rare: count the bad values and find the first, value by value
-            values = np.frombuffer(buffer, dtype=element, count=size // target.itemsize).reshape(count, target.cols)
+            values = chunk.reshape(count, target.cols)
             bad = (values & mask) >= bad_from
             bad_count = int(np.count_nonzero(bad))
             r, c = _first_true(bad)
@@ -218,7 +232,7 @@ def scan_tensor(target: ScanTarget, handle: Any, buffer: bytearray, *, chunk_byt
                 result.zero_experts.append(expert)
         if target.padding is not None:
             if values is None:
-                values = np.frombuffer(buffer, dtype=element, count=size // target.itemsize).reshape(count, target.cols)
+                values = chunk.reshape(count, target.cols)
             _check_padding(target.padding, values, mask, expert, row, count, result)
         if progress is not None:
             progress(size)
@@ -274,17 +288,19 @@ def _scan_shard(targets: list[ScanTarget], chunk_bytes: int, progress: Callable[
     return events
 
 
-def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int = CHUNK_BYTES,
+def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int | None = None,
               show_progress: bool | None = None, workers: int | None = None) -> ScanStats:
     """Scan every FP8 expert byte and every BF16 byte of the checkpoint; add findings.
 
-    Shards are scanned by ``workers`` threads (default: one per shard up to the CPU count);
+    ``chunk_bytes`` (default ``cache_chunk_bytes()``) is read at a time; the findings do not
+    depend on it. Shards are scanned by ``workers`` threads (default: one per shard up to the CPU count);
     the findings and their order do not depend on it. Ctrl-C stops every thread at its next
     chunk. Raises ``MissingDependencyError`` when numpy is not installed.
     ``show_progress=None`` shows a bar on a terminal and a plain line every few seconds on a
     non-terminal stderr (``progress.Progress``); False shows nothing.
     """
     started = time.perf_counter()
+    chunk_bytes = chunk_bytes or cache_chunk_bytes()
     if np is None:  # an environment problem, not a finding about the checkpoint
         raise missing("numpy", "the deep scan (validate --deep)")
     targets = scan_targets(view)

@@ -9,21 +9,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import format as fmt
+from ..cpu_cache import cache_chunk_bytes
 from ..nxdi_config import bounded_int
 from ..safeio.files import open_regular
-from ..safeio.safetensors_header import SafetensorsHeader, TensorInfo
+from ..safeio.safetensors_header import TensorInfo
 from .findings import PreflightReport, Severity
 from .namespace import _BEGIN, _END
 from .view import CheckpointView
 
-__all__ = ["MAX_SCALE_BYTES", "SCALE_CHUNK_BYTES", "ScaleStats", "loaded_numpy", "scale_stats"]
+__all__ = ["MAX_SCALE_BYTES", "ScaleStats", "loaded_numpy", "scale_stats"]
 
 
-# Scales are read in chunks of this size (memory), and never more than this in all: the
-# published profiles hold 159 MB (120b) and 360 MB (120b padded to 3072/8192) of scales.
-SCALE_CHUNK_BYTES = 16 * 1024 * 1024
-
-
+# Scales are read in cache-sized chunks (``cpu_cache``) through one buffer, and never more than
+# this in all: the published profiles hold 159 MB (120b) and 360 MB (120b padded to 3072/8192).
 MAX_SCALE_BYTES = 1024 * 1024 * 1024
 
 
@@ -77,7 +75,7 @@ def loaded_numpy() -> Any:
     return sys.modules.get("numpy")
 
 
-def scale_stats(raw: bytes | bytearray, *, numpy: Any = None) -> ScaleStats:
+def scale_stats(raw: bytes | bytearray | memoryview, *, numpy: Any = None) -> ScaleStats:
     """Count little-endian float32 values in ``raw`` that are not normal, finite and > 0.
 
     No Python loop per value: the bytes of each value are taken with stride slices, classified
@@ -94,6 +92,8 @@ def scale_stats(raw: bytes | bytearray, *, numpy: Any = None) -> ScaleStats:
         words = numpy.frombuffer(raw, dtype="<u4")
         if not count or (words.min() >= _GOOD_WORDS[0] and words.max() <= _GOOD_WORDS[1]):
             return ScaleStats(0, 0, 0, 0)
+    if isinstance(raw, memoryview):  # a bad value among them (rare): the byte passes below need bytes
+        raw = raw.tobytes()
     top = raw[3::4]  # bytes, or a bytearray for a bytearray (no second copy)
     if top.isascii() and b"\x00" not in top and b"\x7f" not in top:
         return ScaleStats(0, 0, 0, 0)
@@ -146,29 +146,29 @@ def _scales_trusted(view: CheckpointView, report: PreflightReport) -> bool:
     return True
 
 
-def _read_scale_stats(header: SafetensorsHeader, info: TensorInfo, report: PreflightReport,
+def _read_scale_stats(handle: Any, start: int, nbytes: int, buffer: bytearray, report: PreflightReport,
                       numpy: Any = None) -> tuple[ScaleStats, bytes]:
-    """Stats of one scale tensor read in chunks (``numpy``: as for ``scale_stats``); also the
+    """Stats of the ``nbytes`` scale bytes at ``start`` of the open shard ``handle``, read
+    through ``buffer`` in chunks of its size (``numpy``: as for ``scale_stats``); also the
     first bad value's 4 bytes (or b"")."""
     stats = ScaleStats(0, 0, 0, 0)
     first_value = b""
-    # one reused buffer, filled by readinto: no fresh allocation (and page faults) per chunk
-    buffer = bytearray(min(SCALE_CHUNK_BYTES, info.nbytes))
-    with open_regular(header.path, buffering=0) as handle:
-        handle.seek(header.data_offset + info.begin)
-        done = 0
-        while done < info.nbytes:
-            size = min(len(buffer), info.nbytes - done)
-            got = _read_into(handle, memoryview(buffer)[:size])
-            if not got:
-                raise EOFError
-            report.bytes_read += got
-            raw = buffer if got == len(buffer) else buffer[:got]
-            chunk = scale_stats(raw, numpy=numpy)
-            if chunk.bad and not first_value:
-                first_value = bytes(raw[4 * chunk.first_bad:4 * chunk.first_bad + 4])
-            stats = stats.merge(chunk, done // 4)
-            done += got
+    whole = memoryview(buffer)
+    handle.seek(start)
+    done = 0
+    while done < nbytes:
+        size = min(len(buffer), nbytes - done)
+        got = _read_into(handle, whole[:size])
+        if not got:
+            raise EOFError
+        report.bytes_read += got
+        # the last, shorter chunk: a view for numpy (no copy); the stdlib passes need a bytearray
+        raw = buffer if got == len(buffer) else whole[:got] if numpy is not None else buffer[:got]
+        chunk = scale_stats(raw, numpy=numpy)
+        if chunk.bad and not first_value:
+            first_value = bytes(raw[4 * chunk.first_bad:4 * chunk.first_bad + 4])
+        stats = stats.merge(chunk, done // 4)
+        done += got
     return stats, first_value
 
 
@@ -183,25 +183,69 @@ def _read_into(handle: Any, view: memoryview) -> int:
     return got
 
 
+@dataclass(frozen=True)
+class _ScaleRead:
+    """What reading one scale tensor gave: its stats and first bad value's bytes, or the
+    (check, code, message) of the finding that replaces them."""
+
+    stats: ScaleStats | None = None
+    first_value: bytes = b""
+    problem: tuple[str, str, str] | None = None
+
+
+def _read_shard_scales(path: str, shard: str, items: list[tuple[str, TensorInfo]], start: int, buffer: bytearray,
+                       report: PreflightReport, numpy: Any) -> dict[str, _ScaleRead]:
+    """Every scale tensor of one shard, in file order, through one open handle and ``buffer``."""
+    reads: dict[str, _ScaleRead] = {}
+    try:
+        with open_regular(path, buffering=0) as handle:
+            for key, info in items:
+                try:
+                    stats, first_value = _read_scale_stats(handle, start + info.begin, info.nbytes, buffer, report, numpy)
+                except EOFError:
+                    reads[key] = _ScaleRead(problem=("header", "data_beyond_file", f"{shard} ended while reading {key}"))
+                    continue
+                reads[key] = _ScaleRead(stats, first_value)
+    except OSError as exc:
+        for key, _ in items:
+            reads.setdefault(key, _ScaleRead(problem=("filesystem", "unreadable",
+                                                      f"cannot read {key} from {shard}: {exc.strerror or exc}")))
+    return reads
+
+
 def _check_scale_values(view: CheckpointView, report: PreflightReport) -> None:
+    """Every expert scale tensor of the format's dtype and shape read and checked: each shard
+    opened once, its scales read in file order through one buffer reused for all of them
+    (cache-sized: a fresh zeroed buffer per tensor costs its page faults each time); the
+    findings in key order."""
     # only scales of the format's shape are read: a mis-shaped "scale" could be any size
     expected = view.expected() or {}
     numpy = loaded_numpy()
+    by_shard: dict[str, list[tuple[str, TensorInfo]]] = {}
     for key in sorted(k for k in expected if fmt.is_expert_scale(k) and k in view.locations):
         shard, info = view.tensor(key)  # type: ignore[misc]
         spec = expected.get(key)
         if info.dtype != fmt.F32 or spec is None or info.shape != spec.shape:
             continue
-        try:
-            stats, first_value = _read_scale_stats(view.headers[shard], info, report, numpy)
-        except EOFError:
-            report.add("header", "data_beyond_file", f"{shard} ended while reading {key}", file=shard, key=key)
-            continue
-        except OSError as exc:
-            report.add("filesystem", "unreadable", f"cannot read {key} from {shard}: {exc.strerror or exc}", file=shard, key=key)
-            continue
-        if stats.bad:
-            (value,) = struct.unpack("<f", first_value)
+        by_shard.setdefault(shard, []).append((key, info))
+    if not by_shard:
+        return
+    largest = max(info.nbytes for items in by_shard.values() for _, info in items)
+    buffer = bytearray(max(4, min(cache_chunk_bytes() & ~3, largest)))  # whole float32 values per chunk
+    reads: dict[str, _ScaleRead] = {}
+    for shard, items in by_shard.items():
+        header = view.headers[shard]
+        reads.update(_read_shard_scales(header.path, shard, sorted(items, key=lambda item: item[1].begin),
+                                        header.data_offset, buffer, report, numpy))
+    for key in sorted(reads):
+        read = reads[key]
+        shard, info = view.tensor(key)  # type: ignore[misc]
+        if read.problem is not None:
+            check, code, message = read.problem
+            report.add(check, code, message, file=shard, key=key)
+        elif read.stats is not None and read.stats.bad:
+            stats = read.stats
+            (value,) = struct.unpack("<f", read.first_value)
             coords = _unravel(stats.first_bad, info.shape)
             report.add(
                 "values", "bad_scale",
