@@ -182,8 +182,8 @@ class _Reader:
         return self._json[name]
 
     def _read_json(self, name: str) -> Any:
-        try:
-            return read_json_file(os.path.join(self.root, name), what=name)
+        try:  # NxDI's own neuron_config.json holds its Infinity; the checkpoint's JSON stays strict
+            return read_json_file(os.path.join(self.root, name), what=name, nxdi_constants=name == NEURON_CONFIG_FILE)
         except JsonFileError as exc:
             if exc.code == "not_a_file":
                 self.rec.refused.append(f"{name}: {exc.cause}")

@@ -80,6 +80,21 @@ def test_clean_compile_then_load_hands_nxdi_exactly_the_written_shards(scene: ca
     print(f"nxdi presharded: {len(loaded.weights)} ranks, {len(loaded.weights[0])} tensors each, as written")
 
 
+def test_a_directory_written_by_nxdis_own_save_passes_validate_and_inspect(scene: cases.Scene,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    """NxDI's real InferenceConfig.save (json.dumps: quantize_clamp_bound is Infinity)."""
+    from nxdi_gptoss_fp8 import cli
+
+    saved = scene.compiled / "neuron_config.json"
+    assert '"quantize_clamp_bound": Infinity' in saved.read_text()
+    for args in (["validate", str(scene.compiled)], ["inspect", str(scene.compiled)],
+                 ["validate", str(scene.ckpt), "--neuron-config", str(saved)]):
+        code = cli.main(args)
+        out = capsys.readouterr().out
+        assert code == 0 and "non-standard constant" not in out, (args, out)
+        assert "VALID" in out or "manifest written" in out
+
+
 @pytest.mark.parametrize("name", list(cases.TAMPERINGS))
 def test_each_tampering_gets_its_outcome_before_initialize(scene: cases.Scene, name: str) -> None:
     message = cases.tampered_load(scene, name)

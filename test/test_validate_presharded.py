@@ -331,6 +331,23 @@ def test_validate_compiled_refuses_what_the_load_refuses(scene: cases.Scene, cap
     assert refused is not None and refused <= {f["code"] for f in report["findings"] if f["severity"] == "error"}
 
 
+def test_nxdis_own_neuron_config_with_infinity_is_read_as_nxdi_writes_it(scene: cases.Scene,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """InferenceConfig.save writes quantize_clamp_bound=inf as Infinity: validate, inspect and
+    --neuron-config read it; the checkpoint's own config.json stays strict."""
+    saved = scene.compiled / "neuron_config.json"
+    assert '"quantize_clamp_bound": Infinity' in saved.read_text()
+    assert run(capsys, "validate", str(scene.compiled))[0] == 0
+    code, out, _ = run(capsys, "inspect", str(scene.compiled))
+    assert code == 0 and "non-standard constant" not in out and "save_sharded_checkpoint=True" in out
+    code, out, _ = run(capsys, "validate", str(scene.ckpt), "--neuron-config", str(saved))
+    assert code == 0 and "VALID" in out
+    config = scene.ckpt / fmt.CONFIG_FILE
+    config.write_text(config.read_text().replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": Infinity'))
+    code, out, _ = run(capsys, "validate", str(scene.ckpt), "--json")
+    assert code == 1 and "non-standard constant Infinity" in out
+
+
 def test_validate_compiled_compares_with_its_neuron_config(scene: cases.Scene, capsys: pytest.CaptureFixture) -> None:
     config = json.loads((scene.compiled / "neuron_config.json").read_text())
     config["neuron_config"]["padded_hidden_size"] = 96
