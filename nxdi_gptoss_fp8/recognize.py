@@ -492,7 +492,8 @@ def _compiled_artifacts(rec: Recognition, reader: _Reader, entries: Mapping[str,
             rec.evidence.append(f"{NEURON_CONFIG_FILE}: " + ", ".join(f"{key}={value!r}" for key, value in settings.items()))
         if sharded:
             rec.evidence.append(f"{PRESHARDED_DIR}/: pre-sharded weights for {len(sharded)} ranks")
-        rec.actions = [f"pass it to NxDI as the compiled model path (model.load({root!r})); it is not a checkpoint to validate or convert"]
+        rec.actions = [f"check it with `nxdi-gptoss-fp8 validate {root}` (its pre-sharded weights against their manifest), "
+                       f"then pass it to NxDI as the compiled model path (model.load({root!r})); it is not a checkpoint to convert"]
         if settings.get("checkpoint_format") == "normalized_fp8" and not sharded:
             rec.actions.append("its weights load from the normalized checkpoint it was compiled with: keep CHECKPOINT_FORMAT=normalized_fp8")
         return
