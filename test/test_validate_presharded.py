@@ -432,11 +432,23 @@ def test_validate_compiled_without_presharded_weights_says_so(nxdi: SimpleNamesp
 def test_inspect_compiled_shows_the_manifest_or_how_to_write_one(scene: cases.Scene, capsys: pytest.CaptureFixture) -> None:
     code, out, _ = run(capsys, "inspect", str(scene.compiled))
     assert code == 0 and "manifest" in out and "tp_degree 2" in out and str(scene.ckpt.resolve()) in out
+    assert f"do          check it with `nxdi-gptoss-fp8 validate {scene.compiled}`" in out  # as the README says
+    assert "not a checkpoint to validate" not in out and "verdict     VALID" in out
     code, out, _ = run(capsys, "inspect", str(scene.compiled), "--json")
-    assert json.loads(out)["presharded"]["manifest"]["tp_degree"] == 2
+    assert json.loads(out)["presharded"]["manifest"]["tp_degree"] == 2 and json.loads(out)["compiled"]["ok"]
     (scene.weights / pm.MANIFEST_FILE).unlink()
     code, out, _ = run(capsys, "inspect", str(scene.compiled))
-    assert "without a manifest" in out and "shard_weights(" in out and "refused at load" in out
+    assert code == 1 and "without a manifest" in out and "shard_weights(" in out and "refused at load" in out
+    assert "verdict     INVALID" in out and "presharded.no_manifest" in out
+
+
+@pytest.mark.parametrize("damage", ["{", '{"neuron_config": {"a": 1, "a": 2}}', "[]"])
+def test_inspect_compiled_with_an_unreadable_neuron_config_fails_as_validate_does(
+        scene: cases.Scene, capsys: pytest.CaptureFixture, damage: str) -> None:
+    (scene.compiled / "neuron_config.json").write_text(damage)
+    assert run(capsys, "validate", str(scene.compiled))[0] == 2
+    code, out, _ = run(capsys, "inspect", str(scene.compiled), "--json")
+    assert code == 1 and json.loads(out)["compiled"]["codes"] == ["neuron_config.unreadable"]
 
 
 def test_inspect_of_a_directory_with_only_weights_is_one_verdict(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
