@@ -390,6 +390,42 @@ def test_ranks_option_refuses_what_is_not_ranks(scene: cases.Scene, capsys: pyte
     assert caught.value.code == 2 and "--ranks" in capsys.readouterr().err
 
 
+@given(st.text(alphabet="0123456789-, x", max_size=30))
+def test_ranks_parser_gives_bounded_sorted_ranks_or_a_usage_error(text: str) -> None:
+    import argparse
+
+    from nxdi_gptoss_fp8.cli.validate import MAX_RANK, _rank_list
+
+    try:
+        ranks = _rank_list(text)
+    except argparse.ArgumentTypeError as exc:
+        assert "rank" in str(exc)
+        return
+    assert ranks == sorted(set(ranks)) and ranks and all(0 <= r < MAX_RANK for r in ranks)
+
+
+def test_a_dangling_rank_link_says_it_is_a_link(scene: cases.Scene, capsys: pytest.CaptureFixture) -> None:
+    cases.TAMPERINGS["dangling-rank-link"][0](scene)
+    code, out, _ = run(capsys, "validate", str(scene.compiled))
+    assert code == 1 and "a symbolic link to" in out and "which does not exist" in out
+
+
+@pytest.mark.parametrize(("config", "model_path", "expected"), [
+    ({"neuron_config": {"quantized": True, "quantized_checkpoints_path": "/q"}, "_name_or_path": "/n"}, "/m", "/q"),
+    ({"quantized": True, "quantized_checkpoints_path": "/q"}, None, "/q"),
+    ({"neuron_config": {"quantized": False, "quantized_checkpoints_path": "/q"}, "_name_or_path": "/n"}, "/m", "/m"),
+    ({"neuron_config": {"quantized": False}, "_name_or_path": "/n"}, None, "/n"),
+    ({"neuron_config": {"quantized": False}, "_name_or_path": "HERE"}, "/m", "HERE"),
+    ({"neuron_config": {"quantized": True, "quantized_checkpoints_path": None}}, None, None),
+])
+def test_loader_source_is_nxdis_checkpoint_loader_choice(tmp_path: Path, config: dict[str, Any], model_path: str | None,
+                                                         expected: str | None) -> None:
+    """quantized_checkpoints_path when quantized, else _name_or_path when it exists, else the model path."""
+    here = str(tmp_path)
+    config = json.loads(json.dumps(config).replace("HERE", here))
+    assert sm.loader_source(config, model_path) == (here if expected == "HERE" else expected)
+
+
 def test_ranks_option_is_for_compiled_directories(scene: cases.Scene, capsys: pytest.CaptureFixture) -> None:
     code, _, err = run(capsys, "validate", str(scene.ckpt), "--ranks", "0")
     assert code == 2 and "--ranks applies to a compiled" in err
