@@ -79,7 +79,9 @@ def add_validate_command(commands: Any) -> None:
     )
     validate.add_argument("path", help="the checkpoint directory (holds model.safetensors.index.json), or a compiled "
                                        "NxDI model directory: its pre-sharded weights/ are checked against their "
-                                       "manifest, its neuron_config.json and, when present, the source checkpoint")
+                                       "manifest, its neuron_config.json (NxDI's own file, Infinity included), the "
+                                       "checkpoint that config names (its fingerprint must be the one the shards "
+                                       "were written from) and, when present, the source checkpoint")
     validate.add_argument("--json", action="store_true", help="print the report as JSON (ok, summary, findings)")
     validate.add_argument("--all", action="store_true",
                           help=f"list every finding, one line each (text output otherwise summarizes repeated "
@@ -185,8 +187,9 @@ def add_inspect_command(commands: Any) -> None:
                     "NxDI pre-sharded weights, a compiled NxDI model) from its files and tensor names: the "
                     "CHECKPOINT_FORMAT value or the command that applies, and why. A normalized checkpoint also "
                     "gets its shards, tensors, bytes by dtype, profile, padding and preflight verdict (with the "
-                    "first findings when invalid). Exit 0 recognized (and valid), 1 invalid or unrecognized, "
-                    "2 not a directory.",
+                    "first findings when invalid); a compiled NxDI model directory its pre-sharded weights' manifest "
+                    "and validate's verdict on them. Exit 0 recognized (and valid: a normalized checkpoint's "
+                    "preflight, a compiled directory's validate), 1 invalid or unrecognized, 2 not a directory.",
     )
     inspect.add_argument("path", help="any directory")
     inspect.add_argument("--json", action="store_true", help="print the recognition and summary as JSON")

@@ -335,6 +335,19 @@ def _this_host_lacks_its_rank(scene: Scene) -> dict[str, Any]:
     return {"start_rank_id": 1, "local_ranks_size": 1}
 
 
+def _manifest_write_interrupted(scene: Scene) -> dict[str, Any]:
+    """A shard step stopped while the manifest was written: the old one removed, our temporary left."""
+    manifest = scene.weights / pm.MANIFEST_FILE
+    manifest.rename(scene.weights / f".{pm.MANIFEST_FILE}.tmp-12345")
+    return {}
+
+
+def _weights_is_a_file(scene: Scene) -> dict[str, Any]:
+    shutil.rmtree(scene.weights)
+    scene.weights.write_bytes(b"not a folder")
+    return {}
+
+
 def _manifest_edit(scene: Scene, text: str) -> dict[str, Any]:
     (scene.weights / pm.MANIFEST_FILE).write_text(text)
     return {}
@@ -397,6 +410,8 @@ TAMPERINGS: dict[str, tuple[Callable[[Scene], dict[str, Any]], set[str] | None]]
     "manifest-nested": (_manifest_nested, {"presharded.bad_manifest"}),
     "manifest-duplicate-key": (_manifest_duplicate_key, {"presharded.bad_manifest"}),
     "manifest-inconsistent": (_manifest_inconsistent, {"presharded.bad_manifest"}),
+    "manifest-write-interrupted": (_manifest_write_interrupted, {"presharded.no_manifest"}),
+    "weights-is-a-file": (_weights_is_a_file, {"presharded.bad_manifest"}),
 }
 # the warnings a loading tampering leaves (every other one loads without any)
 WARNED = {"rsync-temp-beside": {"presharded.partial_file"}}
