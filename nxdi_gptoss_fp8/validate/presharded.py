@@ -59,6 +59,7 @@ from .presharded_manifest import (
     HeaderCache,
     Manifest,
     ManifestError,
+    Source,
     fix_reshard,
     hash_workers,
     manifest_path,
@@ -280,7 +281,8 @@ def _same_checkpoint(current: Mapping[str, Any], recorded: Mapping[str, Any]) ->
                                                 for key in ("index_sha256", "config_sha256", "shard_sha256"))
 
 
-def _named_source(check: ShardedCheck, manifest: Manifest, exists: Callable[[str], bool], checkpoint: str | None) -> Any:
+def _named_source(check: ShardedCheck, manifest: Manifest, exists: Callable[[str], bool],
+                  checkpoint: str | None) -> Source | None:
     """The recorded source the application's checkpoint is (same fingerprint, any path), or None;
     an error when it names a checkpoint, at another path, that is none of them."""
     if checkpoint is None or not manifest.sources or not exists(checkpoint):
