@@ -19,7 +19,7 @@ from .validate.view import CheckpointView
 
 __all__ = [
     "COMPANIONS", "INSPECT_FINDINGS_LIMIT", "CheckpointSummary", "Companion", "Inspection", "ShardSummary",
-    "companion_files", "custom_profile_action", "inspect_checkpoint", "inspect_directory", "validate_command",
+    "companion_files", "compiled_verdict_summary", "custom_profile_action", "inspect_checkpoint", "inspect_directory", "validate_command",
 ]
 
 INSPECT_FINDINGS_LIMIT = 10
@@ -192,6 +192,7 @@ class Inspection:
     recognition: rz.Recognition
     summary: CheckpointSummary | None = None
     presharded: dict[str, Any] | None = None  # a compiled directory's pre-sharded weights (manifest)
+    compiled: dict[str, Any] | None = None  # a compiled directory's verdict: validate COMPILED's (ok, hint, codes)
 
     @property
     def ok(self) -> bool:
@@ -206,7 +207,10 @@ class Inspection:
 
     @property
     def succeeded(self) -> bool:
-        """The exit status of ``inspect``: a known directory, and a valid one if it is normalized."""
+        """The exit status of ``inspect``: a known directory, and a valid one if it is normalized
+        or compiled (then exactly when ``validate COMPILED`` passes)."""
+        if self.compiled is not None and not self.compiled["ok"]:
+            return False
         return self.known and (self.ok if self.recognition.kind == rz.NORMALIZED else True)
 
     def to_dict(self) -> dict[str, Any]:
@@ -218,12 +222,16 @@ class Inspection:
             data["findings"] = [finding.to_dict() for finding in self.summary.report.findings]
         if self.presharded is not None:
             data["presharded"] = self.presharded
+        if self.compiled is not None:
+            data["compiled"] = self.compiled
         return data
 
     def render_text(self) -> str:
         text = self.recognition.render_text()
         if self.presharded is not None:
             text = "\n".join([text, *map(printable, _presharded_lines(self.recognition.path, self.presharded))])
+        if self.compiled is not None:
+            text = "\n".join([text, printable(f"verdict     {'VALID' if self.compiled['ok'] else 'INVALID'}: {self.compiled['hint']}")])
         if self.summary is None:
             return text
         lines = self.summary.render_text().splitlines()
@@ -263,4 +271,21 @@ def inspect_directory(path: str | os.PathLike[str], *, allow_custom_model: bool 
         from .validate.presharded import describe_presharded
 
         inspection.presharded = describe_presharded(os.fspath(path))
+        inspection.compiled = compiled_verdict_summary(os.fspath(path))
     return inspection
+
+
+def compiled_verdict_summary(path: str) -> dict[str, Any]:
+    """``validate COMPILED``'s verdict on ``path`` (its own ``neuron_config.json``): ``ok``,
+    ``hint`` and the error ``codes``; a ``neuron_config.json`` that cannot be read is refused."""
+    from .errors import ConfigError
+    from .nxdi_config import read_config_file
+    from .validate.presharded import compiled_verdict, verdict_hint
+
+    try:
+        config = read_config_file(os.path.join(path, rz.NEURON_CONFIG_FILE), rz.NEURON_CONFIG_FILE)
+    except ConfigError as exc:
+        return {"ok": False, "hint": f"{path}: {exc}", "codes": ["neuron_config.unreadable"]}
+    check = compiled_verdict(path, config)
+    return {"ok": check is None or check.ok, "hint": verdict_hint(path, check),
+            "codes": [] if check is None else [f.code for f in check.report.errors]}

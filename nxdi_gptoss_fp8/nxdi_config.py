@@ -262,10 +262,12 @@ MAX_CONFIG_FILE_SIZE = MAX_JSON_FILE_BYTES  # the one cap of every JSON file rea
 def read_config_file(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     """A JSON configuration file (a NeuronConfig, flat or nested as NxDI saves it), read like
     every checkpoint JSON: a regular file (refused before it is opened otherwise), strict JSON,
-    at most ``MAX_CONFIG_FILE_SIZE`` bytes, an object. ``what`` names it in messages (e.g.
+    at most ``MAX_CONFIG_FILE_SIZE`` bytes, an object — except that NxDI's own constants
+    (``Infinity``, ``-Infinity``, ``NaN``, which ``InferenceConfig.save`` writes for
+    ``quantize_clamp_bound``) are read as floats. ``what`` names it in messages (e.g.
     ``--neuron-config nc.json``); ``ConfigError`` says what is wrong, once."""
     try:
-        document = read_json_file(path, what=what, max_bytes=MAX_CONFIG_FILE_SIZE)
+        document = read_json_file(path, what=what, max_bytes=MAX_CONFIG_FILE_SIZE, nxdi_constants=True)
     except JsonFileError as exc:
         cause = exc.cause
         if exc.code == "not_a_file":

@@ -5,8 +5,9 @@ NxDI's ``load_weights`` hands ``weights/tp{rank}_sharded_checkpoint.safetensors`
 without calling the checkpoint loader. In normalized mode ``shard_weights`` is wrapped to record a
 manifest of the files NxDI just wrote (``validate.presharded_manifest.write_manifest``, atomically and last;
 the old one is removed first), and ``load_weights`` to check the ranks it will read against that
-manifest, the loaded NeuronConfig and the source checkpoint before NxDI opens a single file
-(``validate.presharded.check_presharded``; ``ShardedWeightsError`` with every finding). Its own
+manifest, the loaded NeuronConfig, the checkpoint the application is built from (its fingerprint
+must be the one the shards were written from) and the recorded source before NxDI opens a single
+file (``validate.presharded.check_presharded``; ``ShardedWeightsError`` with every finding). Its own
 module because it is one concern with its own state (the sources read during one
 ``shard_weights`` call); ``nxdi_hook`` installs these wrappers and passes in its mode decision.
 Importing it does not import NxDI.
@@ -55,11 +56,10 @@ def _writes_shards(neuron_config: Any) -> bool:
 
 def _loader_source(app: Any) -> str:
     """The directory NxDI's ``checkpoint_loader_fn`` reads (its config's directory, else the model
-    path; ``quantized_checkpoints_path`` when quantized)."""
-    config_dir = getattr(app.config, "_name_or_path", None)
-    path = config_dir if isinstance(config_dir, str) and os.path.exists(config_dir) else app.model_path
-    quantized = getattr(app.neuron_config, "quantized_checkpoints_path", None) if getattr(app.neuron_config, "quantized", False) else None
-    return os.fspath(quantized or path)
+    path; ``quantized_checkpoints_path`` when quantized): the checkpoint the application names."""
+    from .validate.presharded import loader_source
+
+    return loader_source(app.config, app.model_path) or os.fspath(app.model_path)
 
 
 def _ranks(neuron_config: Any, start: Any = None, count: Any = None) -> range:
@@ -123,11 +123,14 @@ def wrap_load_weights(func: Callable[..., Any], is_normalized: Callable[[Any], b
         compiled = os.fspath(arguments["compiled_model_path"])
         ranks = _ranks(self.neuron_config, arguments.get("start_rank_id"), arguments.get("local_ranks_size"))
         verify = LoadPolicy.resolve(self.config).verify_digests
-        check = check_presharded(compiled, ranks=ranks, config=self.config, verify=verify, progress=None)
+        check = check_presharded(compiled, ranks=ranks, config=self.config, verify=verify, progress=None,
+                                 checkpoint=_loader_source(self))
         if not check.ok:
             error = refusal(check)
             logger.error("%s", error)
             raise error
+        for finding in check.report.warnings:
+            logger.warning("%s", finding.render())
         logger.info("pre-sharded weights of %s: ranks %d…%d match their manifest%s (%.1f ms)", compiled, ranks.start,
                     ranks.stop - 1, " and digests" if verify else "", check.elapsed_s * 1000)
         result = func(self, *args, **kwargs)

@@ -182,8 +182,8 @@ class _Reader:
         return self._json[name]
 
     def _read_json(self, name: str) -> Any:
-        try:
-            return read_json_file(os.path.join(self.root, name), what=name)
+        try:  # NxDI's own neuron_config.json holds its Infinity; the checkpoint's JSON stays strict
+            return read_json_file(os.path.join(self.root, name), what=name, nxdi_constants=name == NEURON_CONFIG_FILE)
         except JsonFileError as exc:
             if exc.code == "not_a_file":
                 self.rec.refused.append(f"{name}: {exc.cause}")
@@ -492,7 +492,8 @@ def _compiled_artifacts(rec: Recognition, reader: _Reader, entries: Mapping[str,
             rec.evidence.append(f"{NEURON_CONFIG_FILE}: " + ", ".join(f"{key}={value!r}" for key, value in settings.items()))
         if sharded:
             rec.evidence.append(f"{PRESHARDED_DIR}/: pre-sharded weights for {len(sharded)} ranks")
-        rec.actions = [f"pass it to NxDI as the compiled model path (model.load({root!r})); it is not a checkpoint to validate or convert"]
+        rec.actions = [f"check it with `nxdi-gptoss-fp8 validate {root}` (its pre-sharded weights against their manifest), "
+                       f"then pass it to NxDI as the compiled model path (model.load({root!r})); it is not a checkpoint to convert"]
         if settings.get("checkpoint_format") == "normalized_fp8" and not sharded:
             rec.actions.append("its weights load from the normalized checkpoint it was compiled with: keep CHECKPOINT_FORMAT=normalized_fp8")
         return

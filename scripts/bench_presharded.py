@@ -1,7 +1,9 @@
 """What the pre-sharded weights manifest costs, next to what NxDI itself spends on the same files.
 
 1. Load-time check (``sharded_manifest.check_presharded``, the default: sizes, header digests,
-   sampled data blocks, settings, listing) for a 64-rank set of full-size gpt-oss-120b rank files
+   sampled data blocks, settings, listing, and the fingerprint of the checkpoint the application
+   names — a gpt-oss-120b index with 15 shard digests and its ``config.json``, the only files
+   read of it) for a 64-rank set of full-size gpt-oss-120b rank files
    at tp=64 — sparse files: real headers with the per-rank shapes NxD's tp=64 sharding gives
    (below), data holes — next to safetensors ``load_file`` of the same files (what NxDI's
    ``load_weights`` does per rank). ``load_file`` of all 64 files reads ~118 GB, so by default it
@@ -42,6 +44,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from nxdi_gptoss_fp8 import format as fmt  # noqa: E402
 from nxdi_gptoss_fp8.units import format_bytes, format_duration  # noqa: E402
 from nxdi_gptoss_fp8.validate import presharded as sm  # noqa: E402
 from nxdi_gptoss_fp8.validate import presharded_manifest as pm  # noqa: E402
@@ -120,6 +123,24 @@ def _timed(func: Any) -> float:
     return time.perf_counter() - started
 
 
+def named_checkpoint(path: str, shards: int = 15) -> str:
+    """The index (every tensor name, 15 shard digests) and config.json of a gpt-oss-120b checkpoint:
+    what the load-time check fingerprints of the checkpoint the application names."""
+    dims = fmt.PROFILES[fmt.PROFILE_120B]
+    layout = fmt.Layout(dims, dims.hidden_size, dims.intermediate_size)
+    names = sorted(fmt.expected_namespace(layout))
+    files = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    digests = {name: hashlib.sha256(name.encode()).hexdigest() for name in files}
+    index = {"metadata": fmt.index_metadata(layout, fmt.PROFILE_120B, shard_sha256=digests),
+             "weight_map": {name: files[i * shards // len(names)] for i, name in enumerate(names)}}
+    os.makedirs(path)
+    with open(os.path.join(path, fmt.INDEX_FILE), "w") as handle:
+        json.dump(index, handle, indent=2)
+    with open(os.path.join(path, fmt.CONFIG_FILE), "w") as handle:
+        json.dump(fmt.hf_config(dims), handle, indent=2)
+    return path
+
+
 def bench_check(workdir: str, load_file_ranks: int) -> None:
     from safetensors.torch import load_file
 
@@ -137,18 +158,21 @@ def bench_check(workdir: str, load_file_ranks: int) -> None:
         header_raw = read.header
         entries[rank] = pm.RankEntry(rank, pm.rank_file(rank), sizes[rank], hashlib.sha256(read.header).hexdigest(),
                                      read.sample_sha256, "0" * 64)
-    manifest = pm.Manifest(TP, TP, entries, pm.shard_settings(config), [], written_at="bench")
+    checkpoint = named_checkpoint(os.path.join(workdir, "gpt-oss-120b-fp8"))
+    sources = [pm.Source(checkpoint, pm.source_fingerprint(checkpoint))]
+    manifest = pm.Manifest(TP, TP, entries, pm.shard_settings(config), sources, written_at="bench")
     with open(pm.manifest_path(compiled), "w") as handle:
         json.dump(manifest.to_dict(), handle)
     assert header_raw is not None
     total = sum(sizes)
     print(f"rank files   {TP} × {format_bytes(sizes[0])} = {format_bytes(total)} apparent (sparse), "
-          f"{len(tensors)} tensors, header {format_bytes(len(header_raw))} each")
-    first = _timed(lambda: sm.check_presharded(compiled, ranks=range(TP), config=config))
+          f"{len(tensors)} tensors, header {format_bytes(len(header_raw))} each; named checkpoint's index "
+          f"{format_bytes(os.path.getsize(os.path.join(checkpoint, fmt.INDEX_FILE)))}")
+    first = _timed(lambda: sm.check_presharded(compiled, ranks=range(TP), config=config, checkpoint=checkpoint))
     times = []
     for _ in range(15):
         started = time.perf_counter()
-        check = sm.check_presharded(compiled, ranks=range(TP), config=config)
+        check = sm.check_presharded(compiled, ranks=range(TP), config=config, checkpoint=checkpoint)
         times.append(time.perf_counter() - started)
         assert check.ok, check.render_text()
     median = statistics.median(times)

@@ -80,6 +80,36 @@ def test_clean_compile_then_load_hands_nxdi_exactly_the_written_shards(scene: ca
     print(f"nxdi presharded: {len(loaded.weights)} ranks, {len(loaded.weights[0])} tensors each, as written")
 
 
+def test_a_directory_written_by_nxdis_own_save_passes_validate_and_inspect(scene: cases.Scene,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    """NxDI's real InferenceConfig.save (json.dumps: quantize_clamp_bound is Infinity)."""
+    from nxdi_gptoss_fp8 import cli
+
+    saved = scene.compiled / "neuron_config.json"
+    assert '"quantize_clamp_bound": Infinity' in saved.read_text()
+    for args in (["validate", str(scene.compiled)], ["inspect", str(scene.compiled)],
+                 ["validate", str(scene.ckpt), "--neuron-config", str(saved)]):
+        code = cli.main(args)
+        out = capsys.readouterr().out
+        assert code == 0 and "non-standard constant" not in out, (args, out)
+        assert "VALID" in out or "manifest written" in out
+        assert "0 errors, 0 warnings" in out or args[0] == "inspect"  # every key of NxDI's file is known
+
+
+def test_a_padded_compile_by_nxdi_passes_validate_with_its_neuron_config(
+        modeling: ModuleType, mode: None, tiny_padded_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """NxDI keeps H'/I' in hidden/intermediate_size and H/I in original_*: its saved file still checks clean."""
+    from nxdi_gptoss_fp8 import cli
+
+    compiled = tmp_path / "compiled"
+    cases.compile_shards(modeling, tiny_padded_template, compiled, padded_hidden_size=96, padded_intermediate_size=128)
+    saved = compiled / "neuron_config.json"
+    assert '"original_hidden_size": 64' in saved.read_text() and '"hidden_size": 96' in saved.read_text()
+    for args in (["validate", str(compiled)], ["validate", str(tiny_padded_template), "--neuron-config", str(saved)]):
+        assert cli.main(args) == 0
+        assert "0 errors, 0 warnings" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("name", list(cases.TAMPERINGS))
 def test_each_tampering_gets_its_outcome_before_initialize(scene: cases.Scene, name: str) -> None:
     message = cases.tampered_load(scene, name)

@@ -73,6 +73,14 @@ def test_every_refusal_names_its_step(tmp_path: Path, make: Any, code: str, caus
         assert error.key == "k"
 
 
+def test_nxdi_constants_pass_through_to_the_parser(tmp_path: Path) -> None:
+    path = tmp_path / "neuron_config.json"
+    path.write_bytes(b'{"neuron_config": {"quantize_clamp_bound": Infinity}}')
+    with pytest.raises(JsonFileError, match="non-standard constant Infinity"):
+        read_json_file(path, what="neuron_config.json")
+    assert read_json_file(path, what="neuron_config.json", nxdi_constants=True) == {"neuron_config": {"quantize_clamp_bound": float("inf")}}
+
+
 def test_a_smaller_limit_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "x.json"
     path.write_bytes(b'{"k": "' + b"v" * 100 + b'"}')

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nxdi_gptoss_fp8.safeio.strict_json import MAX_DEPTH, JsonError, NonInteger, parse_json_strict
+from nxdi_gptoss_fp8.safeio.strict_json import MAX_DEPTH, NXDI_CONSTANTS, JsonError, NonInteger, parse_json_strict
 
 
 @pytest.mark.parametrize(("text", "code", "options"), [
@@ -31,6 +31,24 @@ def test_refusals(text: str, code: str, options: dict[str, Any]) -> None:
         parse_json_strict(text, **options)
     assert raised.value.code == code
     assert len(str(raised.value)) < 400
+
+
+@pytest.mark.parametrize("constant", sorted(NXDI_CONSTANTS))
+def test_nxdi_constants_only_when_asked(constant: str) -> None:
+    """NxDI's ``json.dumps`` writes Infinity/-Infinity/NaN: read as floats only with the named option."""
+    text = json.dumps({"quantize_clamp_bound": NXDI_CONSTANTS[constant]})
+    assert constant in text
+    with pytest.raises(JsonError, match=f"non-standard constant {constant}") as raised:
+        parse_json_strict(text)
+    assert raised.value.code == "invalid_json"
+    (value,) = parse_json_strict(text, nxdi_constants=True).values()
+    assert repr(value) == repr(NXDI_CONSTANTS[constant])
+
+
+@pytest.mark.parametrize("text", ['{"a": 1, "a": Infinity}', "[infinity]", "[Inf]", "[nan]", '["x",]'])
+def test_nxdi_constants_keep_every_other_rule(text: str) -> None:
+    with pytest.raises(JsonError):
+        parse_json_strict(text, nxdi_constants=True)
 
 
 @pytest.mark.parametrize(("literal", "marked"), [("-0", True), ("0.0", True), ("-0.0", True), ("1e2", True), ("1E2", True),

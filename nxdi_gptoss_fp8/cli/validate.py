@@ -36,6 +36,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     compiled = compiled_model_dir(args.path)
     if compiled is not None:
         return _validate_compiled(args, compiled)
+    if args.ranks is not None:
+        raise UsageError(f"--ranks applies to a compiled NxDI model directory's pre-sharded weights; {args.path} is not one")
     if args.deep:
         _needs("--deep", "numpy")
     neuron_config = _load_neuron_config(args.neuron_config)
@@ -77,7 +79,9 @@ def add_validate_command(commands: Any) -> None:
     )
     validate.add_argument("path", help="the checkpoint directory (holds model.safetensors.index.json), or a compiled "
                                        "NxDI model directory: its pre-sharded weights/ are checked against their "
-                                       "manifest, its neuron_config.json and, when present, the source checkpoint")
+                                       "manifest, its neuron_config.json (NxDI's own file, Infinity included), the "
+                                       "checkpoint that config names (its fingerprint must be the one the shards "
+                                       "were written from) and, when present, the source checkpoint")
     validate.add_argument("--json", action="store_true", help="print the report as JSON (ok, summary, findings)")
     validate.add_argument("--all", action="store_true",
                           help=f"list every finding, one line each (text output otherwise summarizes repeated "
@@ -100,14 +104,20 @@ def add_validate_command(commands: Any) -> None:
                           help="hash every shard (in parallel) against the index's shard_sha256; "
                                "a checkpoint without digests then fails (a compiled directory: every rank file "
                                "against its manifest)")
+    validate.add_argument("--ranks", type=_rank_list, metavar="RANKS",
+                          help="a compiled directory only: check only these ranks' pre-sharded weights (e.g. 0-31, or "
+                               "0,2,4-7) — what a host of a multi-host deployment holds and loads (its start_rank_id … "
+                               "+ local_ranks_size, the ranks the load checks); default every rank")
     validate.set_defaults(handler=_cmd_validate)
 
 
 def _validate_compiled(args: argparse.Namespace, compiled: str) -> int:
-    """``validate COMPILED``: its pre-sharded weights against their manifest, its
-    ``neuron_config.json`` (or ``--neuron-config``) and the source checkpoint when it is here."""
+    """``validate COMPILED``: its pre-sharded weights (the ranks ``--ranks`` names, else every
+    rank) against their manifest, its ``neuron_config.json`` (or ``--neuron-config``), the
+    checkpoint that config names and the source checkpoint when it is here — the verdict the
+    load and ``inspect`` reach (``validate.presharded.compiled_verdict``)."""
     from ..recognize import NEURON_CONFIG_FILE
-    from ..validate.presharded import check_presharded, describe_presharded
+    from ..validate.presharded import compiled_verdict, loader_source, verdict_hint
 
     if args.deep or args.headers_only:
         raise UsageError(f"{compiled} is a compiled NxDI model directory: --deep and --headers-only apply to "
@@ -118,19 +128,39 @@ def _validate_compiled(args: argparse.Namespace, compiled: str) -> int:
         raise UsageError(str(exc) if args.neuron_config else str(exc).replace("--neuron-config ", "").replace(
             "--neuron-config: ", "")) from None
     assert config is not None
-    nc = config.get("neuron_config") if isinstance(config.get("neuron_config"), dict) else config
-    if not nc.get("save_sharded_checkpoint") and describe_presharded(compiled) is None:
-        source = nc.get("quantized_checkpoints_path") or "the checkpoint it was compiled from"
+    check = compiled_verdict(compiled, config, ranks=args.ranks, verify=args.verify_checksums, progress=None)
+    hint = verdict_hint(compiled, check)
+    if check is None:
+        source = loader_source(config) or "the checkpoint it was compiled from"
         message = (f"{compiled}: no pre-sharded weights (save_sharded_checkpoint is off): NxDI's weights are sharded at "
                    f"load from the checkpoint, where the preflight runs; validate {source}")
-        print(json.dumps({"ok": True, "path": compiled, "findings": [], "message": message}, indent=2) if args.json else message)
+        print(json.dumps({"ok": True, "path": compiled, "findings": [], "message": message, "hint": hint}, indent=2)
+              if args.json else message)
         return EXIT_OK
-    check = check_presharded(compiled, ranks=None, config=config, verify=args.verify_checksums, progress=None)
     if args.json:
-        print(json.dumps(check.to_dict(), indent=2))
+        print(json.dumps({**check.to_dict(), "hint": hint}, indent=2))
     else:
         print(check.render_text(limit=None if args.all else TEXT_FINDINGS_LIMIT))
     return EXIT_OK if check.ok else EXIT_FINDINGS
+
+
+MAX_RANK = 1 << 16  # the manifest's bound on ranks
+
+
+def _rank_list(text: str) -> list[int]:
+    """``--ranks``: ranks and inclusive ranges, comma-separated (``0-31``, ``32-63``, ``0,2,4-7``)."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        try:
+            start, stop = int(low), int(high if sep else low)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{printable(part.strip())[:40]!r} is not a rank or a range START-END "
+                                             "(e.g. --ranks 0-31 or --ranks 0,2,4-7)") from None
+        if not 0 <= start <= stop < MAX_RANK:
+            raise argparse.ArgumentTypeError(f"{start}-{stop} is not a range of ranks in 0 … {MAX_RANK - 1} (START ≤ END)")
+        ranks.update(range(start, stop + 1))
+    return sorted(ranks)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -157,8 +187,9 @@ def add_inspect_command(commands: Any) -> None:
                     "NxDI pre-sharded weights, a compiled NxDI model) from its files and tensor names: the "
                     "CHECKPOINT_FORMAT value or the command that applies, and why. A normalized checkpoint also "
                     "gets its shards, tensors, bytes by dtype, profile, padding and preflight verdict (with the "
-                    "first findings when invalid). Exit 0 recognized (and valid), 1 invalid or unrecognized, "
-                    "2 not a directory.",
+                    "first findings when invalid); a compiled NxDI model directory its pre-sharded weights' manifest "
+                    "and validate's verdict on them. Exit 0 recognized (and valid: a normalized checkpoint's "
+                    "preflight, a compiled directory's validate), 1 invalid or unrecognized, 2 not a directory.",
     )
     inspect.add_argument("path", help="any directory")
     inspect.add_argument("--json", action="store_true", help="print the recognition and summary as JSON")

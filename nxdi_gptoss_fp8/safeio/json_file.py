@@ -69,13 +69,15 @@ def _read(path: str | os.PathLike[str], limit: int) -> tuple[bytes, FileIdentity
 
 
 def read_json_file(path: str | os.PathLike[str], *, what: str, max_bytes: int | None = None,
-                   on_read: Callable[[bytes, FileIdentity], None] | None = None) -> Any:
+                   on_read: Callable[[bytes, FileIdentity], None] | None = None, nxdi_constants: bool = False) -> Any:
     """The strict JSON document in the regular file ``path`` of at most ``max_bytes`` bytes
     (default ``MAX_JSON_FILE_BYTES``); ``what`` names it in messages.
 
     ``on_read``, when given, gets the bytes read and the identity of the file they came from
     before they are checked further (the preflight counts and hashes them). Only the text is
-    kept while it is parsed (memory: an index may be 64 MB). Raises ``JsonFileError``.
+    kept while it is parsed (memory: an index may be 64 MB). ``nxdi_constants`` is
+    ``parse_json_strict``'s: only for a file NxDI writes (``neuron_config.json``), never for a
+    checkpoint's own JSON. Raises ``JsonFileError``.
     """
     limit = MAX_JSON_FILE_BYTES if max_bytes is None else max_bytes
     raw, identity = _read(path, limit)
@@ -90,6 +92,6 @@ def read_json_file(path: str | os.PathLike[str], *, what: str, max_bytes: int | 
         raise JsonFileError("not_utf8", exc, f"{what} is not UTF-8 text") from None
     del raw
     try:
-        return parse_json_strict(text, what=what)
+        return parse_json_strict(text, what=what, nxdi_constants=nxdi_constants)
     except JsonError as exc:
         raise JsonFileError(exc.code, exc, str(exc), key=exc.key) from None

@@ -13,6 +13,12 @@ carrying a stable ``code``:
 - ``number_too_large``: an integer literal of more than ``max_int_digits`` digits (no such
   integer is ever built, so no arithmetic or message can choke on it).
 
+NxDI's own files are the one exception, by name: ``InferenceConfig.to_json_string`` writes
+NeuronConfig with ``json.dumps``, so a compiled model's ``neuron_config.json`` holds
+``Infinity`` (``quantize_clamp_bound``'s default) and may hold ``-Infinity`` or ``NaN``. Only
+a caller reading such a file passes ``nxdi_constants=True`` (``NXDI_CONSTANTS``); every
+checkpoint file (``config.json``, the index, headers, the manifest) stays strict.
+
 Numbers that are not plain integers (``-0``, ``0.0``, ``1e2``, ``-0.0``) are kept as
 ``NonInteger`` values holding their literal text when ``mark_non_integers`` is set: the
 safetensors header reader refuses them exactly where the reference parser would.
@@ -25,11 +31,13 @@ from typing import Any
 
 from ..errors import NxdiGptossFp8Error
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "JsonError", "NonInteger", "parse_json_strict"]
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "NXDI_CONSTANTS", "JsonError", "NonInteger", "parse_json_strict"]
 
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 19  # |n| < 10^19: every int64/uint64 a real config or header holds
 _CONTAINERS = (dict, list)
+# the constants Python's json.dumps writes for non-finite floats (and so NxDI's config files)
+NXDI_CONSTANTS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
 
 
 class JsonError(NxdiGptossFp8Error, ValueError):
@@ -54,6 +62,10 @@ def _reject_constant(name: str) -> Any:
     raise JsonError("invalid_json", f"JSON contains the non-standard constant {name}")
 
 
+def _nxdi_constant(name: str) -> Any:
+    return NXDI_CONSTANTS[name]
+
+
 def parse_json_strict(
     text: str,
     *,
@@ -63,12 +75,15 @@ def parse_json_strict(
     max_int_digits: int = MAX_INT_DIGITS,
     mark_non_integers: bool = False,
     int_hook: bool = True,
+    nxdi_constants: bool = False,
 ) -> Any:
     """Parse ``text`` as strict JSON (see the module docstring); ``what`` names it in messages.
 
     ``max_depth=None`` leaves nesting to the interpreter's recursion limit (``too_deep`` too);
     ``int_hook=False`` parses integers at C speed, without the digit bound or ``-0`` marking
-    (for a caller that bounds every integer itself and knows the text holds no ``-0``).
+    (for a caller that bounds every integer itself and knows the text holds no ``-0``);
+    ``nxdi_constants=True`` reads ``Infinity``, ``-Infinity`` and ``NaN`` as the floats NxDI
+    wrote (its NeuronConfig files only; everything else refuses them).
 
     Raises ``JsonError`` with code ``duplicate_key``, ``invalid_json``, ``too_large``,
     ``too_deep`` or ``number_too_large``.
@@ -98,7 +113,7 @@ def parse_json_strict(
         return NonInteger(literal[:40]) if mark_non_integers else float(literal)
 
     try:
-        document = json.loads(text, object_pairs_hook=pairs_hook, parse_constant=_reject_constant,
+        document = json.loads(text, object_pairs_hook=pairs_hook, parse_constant=_nxdi_constant if nxdi_constants else _reject_constant,
                               parse_int=parse_int if int_hook else None, parse_float=parse_float)
         if "\\u" in text:
             # only a \u escape can smuggle in a lone UTF-16 surrogate, which no file name or

@@ -12,7 +12,15 @@ those files to the compile that wrote them and to the checkpoint they came from:
   in ``presharded_manifest``;
 * ``check_presharded`` (this module; before NxDI's ``load_weights``, and ``validate COMPILED``)
   refuses, as findings of the ``presharded`` check, a missing or foreign manifest, a missing, truncated,
-  extra or replaced rank file, a changed header, different settings and a re-converted source.
+  extra or replaced rank file, a changed header, different settings, a re-converted source and an
+  application built from another checkpoint than the one the shards were written from (a copy
+  at another path with the same fingerprint is the same checkpoint); it warns of a partial copy
+  or temporary file beside the ranks (rsync's ``.tp0_sharded_checkpoint.safetensors.AbCdEf``);
+* ``compiled_verdict`` is the one verdict on a compiled directory, shared by ``validate`` and
+  ``inspect``.
+
+Rank files and ``weights/`` may be symbolic links, inside or outside the compiled directory:
+NxDI's ``load_file`` follows them, so the check reads (and binds) the file they lead to.
 
 The default check reads each rank's header and ``blocks`` sampled data blocks of ``block_size``
 bytes (offsets fixed by the file size): every rank's header looks alike, the sampled data do not,
@@ -27,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +43,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import IntegrityError, NotRegularFileError, ShardedWeightsError
+from ..nxdi_config import config_attr, neuron_config_view
 from ..progress import Progress
 from ..safeio.files import FileIdentity
 from ..safeio.hashing import hash_files
@@ -42,12 +52,14 @@ from ..units import format_bytes, format_duration, plural
 from .findings import PreflightReport, Severity, printable
 from .presharded_manifest import (
     MANIFEST_FILE,
+    MAX_RANKS,
     RANK_FILE,
     SHARD_SETTINGS,
     WEIGHTS_DIR,
     HeaderCache,
     Manifest,
     ManifestError,
+    Source,
     fix_reshard,
     hash_workers,
     manifest_path,
@@ -59,12 +71,16 @@ from .presharded_manifest import (
 )
 
 __all__ = [
-    "CHECK", "ShardedCheck", "ShardedWeightsError", "changed_since", "check_presharded", "describe_presharded",
-    "manifest_summary", "refusal",
+    "CHECK", "LEFTOVER_FILE", "ShardedCheck", "ShardedWeightsError", "changed_since", "check_presharded",
+    "compiled_verdict", "describe_presharded", "loader_source", "manifest_summary", "refusal", "verdict_hint",
 ]
 
 logger = logging.getLogger(__name__)
+MAX_LISTED = 1 << 17  # names of weights/ looked at (a real set has one per rank and the manifest)
 CHECK = "presharded"
+# a name that holds a rank file's or the manifest's name but is not it: rsync's ".NAME.AbCdEf",
+# "NAME.tmp", "NAME~", "NAME.partial", our own ".MANIFEST.tmp-PID" — what a copy or shard step leaves
+LEFTOVER_FILE = re.compile(rf"tp\d+_sharded_checkpoint\.safetensors|{re.escape(MANIFEST_FILE)}")
 
 
 # --------------------------------------------------------------------------- checking
@@ -106,12 +122,27 @@ class ShardedCheck:
         return "\n".join(lines)
 
 
+def loader_source(config: Any, model_path: str | os.PathLike[str] | None = None) -> str | None:
+    """The checkpoint an application built with ``config`` (object or JSON) names, as NxDI's
+    ``checkpoint_loader_fn`` picks it: ``quantized_checkpoints_path`` when quantized, else the
+    config's ``_name_or_path`` when it exists, else ``model_path`` (None: none named)."""
+    nc = neuron_config_view(config)
+    quantized = config_attr(nc, "quantized_checkpoints_path") if config_attr(nc, "quantized", False) else None
+    if isinstance(quantized, (str, os.PathLike)):
+        return os.fspath(quantized)
+    name = config_attr(config, "_name_or_path")
+    if isinstance(name, str) and os.path.exists(name):
+        return name
+    return os.fspath(model_path) if model_path is not None else (name if isinstance(name, str) else None)
+
+
 def check_presharded(compiled_dir: str, *, ranks: Iterable[int] | None, config: Any, verify: bool = False,
                      workers: int | None = None, progress: bool | None = False,
-                     exists: Callable[[str], bool] = os.path.exists) -> ShardedCheck:
+                     exists: Callable[[str], bool] = os.path.exists, checkpoint: str | None = None) -> ShardedCheck:
     """Check the rank files ``ranks`` (None: every rank of the manifest and of ``world_size``)
     of ``compiled_dir/weights`` against the manifest, ``config``'s shard settings (None: not
-    compared) and the source checkpoint when it still exists; hash them whole when ``verify``."""
+    compared), the checkpoint the application names (``checkpoint``: its fingerprint must be a
+    recorded source's) and the recorded sources that still exist; hash them whole when ``verify``."""
     started = time.perf_counter()
     check = ShardedCheck(compiled_dir, PreflightReport(path=compiled_dir))
     weights = os.path.join(compiled_dir, WEIGHTS_DIR)
@@ -129,7 +160,7 @@ def check_presharded(compiled_dir: str, *, ranks: Iterable[int] | None, config: 
     for rank in wanted:
         _check_rank(check, manifest, weights, rank, cache)
     _check_unlisted(check, manifest, weights)
-    _check_sources(check, manifest, exists)
+    _check_sources(check, manifest, exists, checkpoint)
     if verify and check.report.clean:
         _verify_digests(check, manifest, weights, workers, progress)
     check.report.shards = len(wanted)
@@ -165,8 +196,10 @@ def _check_rank(check: ShardedCheck, manifest: Manifest, weights: str, rank: int
     try:
         read = read_rank(path, manifest.sample_blocks, manifest.sample_block_size)
     except FileNotFoundError:
-        check.add("missing_rank_file", f"{path} does not exist (a partial copy?): copy the whole compiled "
-                  f"directory again, or {fix_reshard(check.compiled_dir)}", file=where)
+        link = f" (a symbolic link to {_link_target(path)}, which does not exist)" if os.path.islink(path) else ""
+        check.add("missing_rank_file", f"{path} does not exist{link} (a partial copy?): copy the whole compiled "
+                  f"directory again, or {fix_reshard(check.compiled_dir)}; a host that holds only its own ranks "
+                  "checks those (validate COMPILED --ranks START-END, the ranks its load reads)", file=where)
         return
     except NotRegularFileError as exc:
         check.add("not_a_file", f"{exc}: a rank file must be a regular file", file=where)
@@ -207,13 +240,19 @@ def _check_unlisted(check: ShardedCheck, manifest: Manifest, weights: str) -> No
     except OSError as exc:
         check.add("unreadable", f"cannot list {weights}: {exc.strerror or exc}", file=WEIGHTS_DIR)
         return
-    for name in sorted(names):
+    for name in sorted(names)[:MAX_LISTED]:
         match = RANK_FILE.match(name)
         if match and int(match.group(1)) not in manifest.ranks:
             check.add("unlisted_rank_file",
                       f"{os.path.join(weights, name)} is not part of the set the manifest records (ranks "
                       f"{_ranges(manifest.ranks)}, tp_degree {manifest.tp_degree}): a file from another compile "
                       "mixed in; remove it, or copy the whole compiled directory again", file=f"{WEIGHTS_DIR}/{name}")
+        elif not match and name != MANIFEST_FILE and (leftover := LEFTOVER_FILE.search(name)):
+            check.add("partial_file",
+                      f"{os.path.join(weights, name)} is not a rank file NxDI reads but a temporary or partial copy of "
+                      f"{leftover.group(0)} (rsync's .NAME.XXXXXX, an interrupted copy or shard step): a copy may still "
+                      "be running or have stopped; let it finish, then remove the file", file=f"{WEIGHTS_DIR}/{name}",
+                      severity=Severity.WARNING)
 
 
 def _ranges(ranks: Iterable[int]) -> str:
@@ -223,8 +262,52 @@ def _ranges(ranks: Iterable[int]) -> str:
     return f"{ordered[0]}…{ordered[-1]}" if ordered == list(range(ordered[0], ordered[-1] + 1)) else ", ".join(map(str, ordered))
 
 
-def _check_sources(check: ShardedCheck, manifest: Manifest, exists: Callable[[str], bool]) -> None:
+def _link_target(path: str) -> str:
+    try:
+        return printable(os.readlink(path))[:300]
+    except OSError:
+        return "an unreadable target"
+
+
+def _fingerprint(path: str) -> Mapping[str, Any]:
+    try:
+        return source_fingerprint(path)
+    except (OSError, IntegrityError) as exc:
+        return {"unreadable": getattr(exc, "strerror", None) or str(exc)}
+
+
+def _same_checkpoint(current: Mapping[str, Any], recorded: Mapping[str, Any]) -> bool:
+    return "unreadable" not in current and all(current.get(key) == recorded.get(key)
+                                                for key in ("index_sha256", "config_sha256", "shard_sha256"))
+
+
+def _named_source(check: ShardedCheck, manifest: Manifest, exists: Callable[[str], bool],
+                  checkpoint: str | None) -> Source | None:
+    """The recorded source the application's checkpoint is (same fingerprint, any path), or None;
+    an error when it names a checkpoint, at another path, that is none of them."""
+    if checkpoint is None or not manifest.sources or not exists(checkpoint):
+        return None  # nothing named, or not on this host: NxDI never reads it with pre-sharded weights
+    current = _fingerprint(checkpoint)
+    bound = next((source for source in manifest.sources if _same_checkpoint(current, source.fingerprint)), None)
+    recorded = {os.path.realpath(source.path) for source in manifest.sources}
+    if bound is None and os.path.realpath(checkpoint) not in recorded:
+        written = " and ".join(source.path for source in manifest.sources)
+        why = f"it cannot be read ({current['unreadable']})" if "unreadable" in current else \
+            "its index, config.json or shard digests differ from the recorded fingerprint"
+        check.add("other_checkpoint",
+                  f"the model is built from the checkpoint {checkpoint}, but the pre-sharded weights of "
+                  f"{check.compiled_dir} were written from {written} and {checkpoint} is not that checkpoint ({why}): "
+                  f"loading would run {written}'s weights; build the model from {written} "
+                  f"(quantized_checkpoints_path), or {fix_reshard(check.compiled_dir)}",
+                  file=f"{WEIGHTS_DIR}/{MANIFEST_FILE}", key="sources")
+    return bound
+
+
+def _check_sources(check: ShardedCheck, manifest: Manifest, exists: Callable[[str], bool], checkpoint: str | None) -> None:
+    bound = _named_source(check, manifest, exists, checkpoint)
     for source in manifest.sources:
+        if source is bound:  # the checkpoint the application names has this fingerprint (moved or not)
+            continue
         if not exists(source.path):
             check.add("source_gone", f"the source checkpoint {source.path} is not here (the compiled directory moved to "
                       "another host?): only the manifest vouches for the shards", severity=Severity.INFO)
@@ -307,6 +390,49 @@ def refusal(check: ShardedCheck) -> ShardedWeightsError:
     if len(errors) > 20:
         lines.append(f"  ... and {len(errors) - 20} more (nxdi-gptoss-fp8 validate {check.compiled_dir} lists them)")
     return ShardedWeightsError("\n".join(lines), check)
+
+
+def compiled_verdict(compiled_dir: str, config: Any, *, ranks: Iterable[int] | None = None, verify: bool = False,
+                     workers: int | None = None, progress: bool | None = False) -> ShardedCheck | None:
+    """The one verdict on a compiled directory, for ``validate COMPILED`` and ``inspect COMPILED``:
+    None when it holds no pre-sharded weights (``save_sharded_checkpoint`` off in ``config`` and
+    no rank file or manifest in ``weights/``), else ``check_presharded`` of ``ranks`` against
+    ``config`` (its ``neuron_config.json`` or another NeuronConfig) and the checkpoint it names."""
+    nc = neuron_config_view(config)
+    if not config_attr(nc, "save_sharded_checkpoint", False) and describe_presharded(compiled_dir) is None:
+        return None
+    if ranks is None:  # every rank: the manifest's, and those a load with this config reads
+        try:
+            manifest = read_manifest(compiled_dir)
+            ranks = set(manifest.ranks) | set(range(manifest.world_size)) | _config_ranks(nc)
+        except ManifestError:
+            pass  # check_presharded reports it
+    return check_presharded(compiled_dir, ranks=ranks, config=config, verify=verify, workers=workers, progress=progress,
+                            checkpoint=loader_source(config))
+
+
+def _config_ranks(nc: Any) -> set[int]:
+    """The ranks NxDI's ``load_weights`` reads with this NeuronConfig (``start_rank_id`` … +
+    ``local_ranks_size``, which defaults to ``world_size``); empty when they are not numbers."""
+    start = config_attr(nc, "start_rank_id", 0)
+    count = config_attr(nc, "local_ranks_size") or config_attr(nc, "world_size") or config_attr(nc, "tp_degree", 1)
+    if type(start) is not int or type(count) is not int or not (start >= 0 and count > 0 and start + count <= MAX_RANKS):
+        return set()
+    return set(range(start, start + count))
+
+
+def verdict_hint(compiled_dir: str, check: ShardedCheck | None) -> str:
+    """The one line ``validate COMPILED --json`` gives as ``hint`` (and ``inspect``'s verdict)."""
+    if check is None:
+        return (f"{compiled_dir} holds no pre-sharded weights (save_sharded_checkpoint is off): NxDI shards the "
+                "checkpoint at load, where the preflight runs; validate that checkpoint")
+    if check.ok:
+        return (f"{compiled_dir}: the pre-sharded weights of ranks {_ranges(check.ranks)} match their manifest; pass it "
+                "to NxDI as the compiled model path")
+    first = check.report.errors[0]
+    more = len(check.report.errors) - 1
+    return printable(f"{compiled_dir}: pre-sharded weights refused ({first.code}{f' and {more} more' if more else ''}): "
+                     f"{first.message}")[:2000]
 
 
 # --------------------------------------------------------------------------- summary (inspect)

@@ -103,7 +103,7 @@ def same_weights(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tenso
         for x, y in zip(a, b, strict=True))
 
 
-def files_on_disk(compiled: Path, ranks: range = range(TP)) -> list[dict[str, torch.Tensor]]:
+def files_on_disk(compiled: Path, ranks: range | list[int] = range(TP)) -> list[dict[str, torch.Tensor]]:
     return [load_file(str(compiled / "weights" / pm.rank_file(rank))) for rank in ranks]
 
 
@@ -241,6 +241,138 @@ def _source_deleted(scene: Scene) -> dict[str, Any]:
     return {}
 
 
+def _rank_of_another_compile(scene: Scene) -> dict[str, Any]:
+    other_ckpt = Path(make_tiny(scene.tmp / "other-ckpt", seed=7))
+    compile_shards(scene.modeling, other_ckpt, scene.tmp / "other-compiled")
+    shutil.copyfile(scene.tmp / "other-compiled" / "weights" / pm.rank_file(1), scene.rank(1))
+    return {}
+
+
+def _another_checkpoint(scene: Scene) -> dict[str, Any]:
+    """The model built from another checkpoint B (its own path) with A's compiled directory."""
+    scene.ckpt = Path(make_tiny(scene.tmp / "other-ckpt", seed=7))
+    return {"quantized_checkpoints_path": str(scene.ckpt)}
+
+
+def _source_moved(scene: Scene) -> dict[str, Any]:
+    """The same checkpoint at another path (moved): the same fingerprint."""
+    scene.ckpt = Path(shutil.move(scene.ckpt, scene.tmp / "moved-ckpt"))
+    return {"quantized_checkpoints_path": str(scene.ckpt)}
+
+
+def _source_copied_and_reconverted(scene: Scene) -> dict[str, Any]:
+    """A copy of the checkpoint named by the model, the original re-converted: the copy is still it."""
+    copy = Path(shutil.copytree(scene.ckpt, scene.tmp / "copied-ckpt"))
+    _source_reconverted(scene)
+    scene.ckpt = copy
+    return {"quantized_checkpoints_path": str(copy)}
+
+
+def _compiled_moved(scene: Scene) -> dict[str, Any]:
+    scene.compiled = Path(shutil.move(scene.compiled, scene.tmp / "moved-compiled"))
+    return {}
+
+
+def _relink(path: Path, store: Path) -> None:
+    store.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(path, store)
+    path.symlink_to(store)
+
+
+def _rank_link_inside(scene: Scene) -> dict[str, Any]:
+    _relink(scene.rank(1), scene.compiled / "store" / pm.rank_file(1))
+    return {}
+
+
+def _rank_link_outside(scene: Scene) -> dict[str, Any]:
+    _relink(scene.rank(1), scene.tmp / "elsewhere" / pm.rank_file(1))
+    return {}
+
+
+def _weights_link_outside(scene: Scene) -> dict[str, Any]:
+    _relink(scene.weights, scene.tmp / "weights-store")
+    return {}
+
+
+def _dangling_rank_link(scene: Scene) -> dict[str, Any]:
+    scene.rank(1).unlink()
+    scene.rank(1).symlink_to(scene.tmp / "gone" / pm.rank_file(1))
+    return {}
+
+
+def _rank_link_to_another_rank(scene: Scene) -> dict[str, Any]:
+    scene.rank(1).unlink()
+    scene.rank(1).symlink_to(scene.rank(0))
+    return {}
+
+
+def _rsync_temp_beside(scene: Scene) -> dict[str, Any]:
+    (scene.weights / f".{pm.rank_file(0)}.AbCdEf").write_bytes(scene.rank(0).read_bytes()[:100])
+    return {}
+
+
+def _odd_files_beside(scene: Scene) -> dict[str, Any]:
+    (scene.weights / "README.txt").write_text("notes")
+    (scene.weights / ".DS_Store").write_bytes(b"\0")
+    (scene.weights / "cache").mkdir()
+    return {}
+
+
+def _rank_file_is_a_directory(scene: Scene) -> dict[str, Any]:
+    scene.rank(1).unlink()
+    scene.rank(1).mkdir()
+    return {}
+
+
+def _this_host_holds_rank_0(scene: Scene) -> dict[str, Any]:
+    """A multi-host deployment: this host holds and loads only rank 0."""
+    scene.rank(1).unlink()
+    return {"start_rank_id": 0, "local_ranks_size": 1}
+
+
+def _this_host_lacks_its_rank(scene: Scene) -> dict[str, Any]:
+    scene.rank(1).unlink()
+    return {"start_rank_id": 1, "local_ranks_size": 1}
+
+
+def _manifest_write_interrupted(scene: Scene) -> dict[str, Any]:
+    """A shard step stopped while the manifest was written: the old one removed, our temporary left."""
+    manifest = scene.weights / pm.MANIFEST_FILE
+    manifest.rename(scene.weights / f".{pm.MANIFEST_FILE}.tmp-12345")
+    return {}
+
+
+def _weights_is_a_file(scene: Scene) -> dict[str, Any]:
+    shutil.rmtree(scene.weights)
+    scene.weights.write_bytes(b"not a folder")
+    return {}
+
+
+def _manifest_edit(scene: Scene, text: str) -> dict[str, Any]:
+    (scene.weights / pm.MANIFEST_FILE).write_text(text)
+    return {}
+
+
+def _manifest_huge(scene: Scene) -> dict[str, Any]:
+    manifest = (scene.weights / pm.MANIFEST_FILE).read_text()
+    return _manifest_edit(scene, manifest[:-2] + ', "padding": "' + "x" * pm.MAX_MANIFEST_BYTES + '"}')
+
+
+def _manifest_nested(scene: Scene) -> dict[str, Any]:
+    manifest = (scene.weights / pm.MANIFEST_FILE).read_text()
+    return _manifest_edit(scene, manifest[:-2] + ', "deep": ' + "[" * 10_000 + "]" * 10_000 + "}")
+
+
+def _manifest_duplicate_key(scene: Scene) -> dict[str, Any]:
+    manifest = (scene.weights / pm.MANIFEST_FILE).read_text()
+    return _manifest_edit(scene, manifest.replace('"tp_degree": 2,', '"tp_degree": 2, "tp_degree": 2,', 1))
+
+
+def _manifest_inconsistent(scene: Scene) -> dict[str, Any]:
+    manifest = (scene.weights / pm.MANIFEST_FILE).read_text()
+    return _manifest_edit(scene, manifest.replace('"world_size": 2,', '"world_size": 1,', 1))
+
+
 # name → (tampering returning NeuronConfig overrides for the load, the codes refused with; None: it loads)
 TAMPERINGS: dict[str, tuple[Callable[[Scene], dict[str, Any]], set[str] | None]] = {
     "truncated": (_truncate, {"presharded.size_mismatch"}),
@@ -253,13 +385,41 @@ TAMPERINGS: dict[str, tuple[Callable[[Scene], dict[str, Any]], set[str] | None]]
     "data-byte-unverified": (_data_byte_unverified, None),  # outside the samples: only verification sees it
     "manifest-missing": (_manifest_missing, {"presharded.no_manifest"}),
     "manifest-corrupt": (_manifest_corrupt, {"presharded.bad_manifest"}),
-    "manifest-of-another-compile": (_manifest_of_another_compile, {"presharded.data_mismatch"}),
+    "manifest-of-another-compile": (_manifest_of_another_compile, {"presharded.data_mismatch", "presharded.other_checkpoint"}),
+    "rank-of-another-compile": (_rank_of_another_compile, {"presharded.data_mismatch"}),
     "weights-of-another-compile": (_weights_of_another_compile, {"presharded.settings_mismatch", "presharded.rank_not_in_manifest"}),
     "tp-degree-changed": (_tp_changed, {"presharded.settings_mismatch"}),
     "padded-size-changed": (_padding_changed, {"presharded.settings_mismatch"}),
     "source-reconverted": (_source_reconverted, {"presharded.stale_source"}),
     "source-deleted": (_source_deleted, None),
+    "another-checkpoint": (_another_checkpoint, {"presharded.other_checkpoint"}),
+    "source-moved": (_source_moved, None),  # moved but identical: the same checkpoint
+    "source-copied-then-reconverted": (_source_copied_and_reconverted, None),
+    "compiled-moved": (_compiled_moved, None),
+    "rank-link-inside": (_rank_link_inside, None),
+    "rank-link-outside": (_rank_link_outside, None),
+    "weights-link-outside": (_weights_link_outside, None),
+    "dangling-rank-link": (_dangling_rank_link, {"presharded.missing_rank_file"}),
+    "rank-link-to-another-rank": (_rank_link_to_another_rank, {"presharded.data_mismatch"}),
+    "rsync-temp-beside": (_rsync_temp_beside, None),  # a warning naming it
+    "odd-files-beside": (_odd_files_beside, None),
+    "rank-file-is-a-directory": (_rank_file_is_a_directory, {"presharded.not_a_file"}),
+    "host-holds-only-its-ranks": (_this_host_holds_rank_0, None),
+    "host-lacks-its-rank": (_this_host_lacks_its_rank, {"presharded.missing_rank_file"}),
+    "manifest-huge": (_manifest_huge, {"presharded.bad_manifest"}),
+    "manifest-nested": (_manifest_nested, {"presharded.bad_manifest"}),
+    "manifest-duplicate-key": (_manifest_duplicate_key, {"presharded.bad_manifest"}),
+    "manifest-inconsistent": (_manifest_inconsistent, {"presharded.bad_manifest"}),
+    "manifest-write-interrupted": (_manifest_write_interrupted, {"presharded.no_manifest"}),
+    "weights-is-a-file": (_weights_is_a_file, {"presharded.bad_manifest"}),
 }
+# the warnings a loading tampering leaves (every other one loads without any)
+WARNED = {"rsync-temp-beside": {"presharded.partial_file"}}
+
+
+def loaded_ranks(app: Any) -> list[int]:
+    start, count = int(app.neuron_config.start_rank_id), int(app.neuron_config.local_ranks_size)
+    return list(range(start, start + count))
 
 
 def tampered_load(scene: Scene, name: str) -> str | None:
@@ -267,10 +427,13 @@ def tampered_load(scene: Scene, name: str) -> str | None:
     files), else the refusal's message (refused before ``nxd_model.initialize``, with exactly the
     tampering's codes)."""
     tamper, refused = TAMPERINGS[name]
-    app = load_app(scene.modeling, scene.compiled, scene.ckpt, **tamper(scene))
+    overrides = tamper(scene)  # may move the compiled directory or name another checkpoint
+    app = load_app(scene.modeling, scene.compiled, scene.ckpt, **overrides)
     if refused is None:
         loaded = load(app, scene.compiled)
-        assert loaded is not None and same_weights(loaded.weights, files_on_disk(scene.compiled))
+        ranks = loaded_ranks(app)
+        assert loaded is not None and same_weights(loaded.weights, files_on_disk(scene.compiled, ranks))
+        assert loaded.start_rank.tolist() == [ranks[0]]
         return None
     with pytest.raises(sm.ShardedWeightsError) as caught:
         load(app, scene.compiled)

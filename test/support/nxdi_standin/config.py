@@ -37,6 +37,7 @@ _NEURON_CONFIG_DEFAULTS: dict[str, Any] = {
     "padded_intermediate_size": None, "lm_head_pad_alignment_size": 1, "is_medusa": False,
     "enable_fused_speculation": False, "quantized_mlp_kernel_enabled": False,
     "save_sharded_checkpoint": False, "skip_sharding": False, "on_cpu": False, "is_continuous_batching": False,
+    "quantize_clamp_bound": float("inf"),  # NxDI's default: save() then writes the constant Infinity
 }
 
 
