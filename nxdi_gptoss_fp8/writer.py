@@ -29,7 +29,15 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ConversionError
-from .output_target import check_space, make_private_dir, output_target, remove_stale_partials
+from .output_target import (
+    check_space,
+    install,
+    make_private_dir,
+    output_target,
+    remove_stale_partials,
+    remove_work_dir,
+    write_failed,
+)
 from .progress import Progress
 from .safeio.files import open_regular
 from .safeio.hashing import hash_files
@@ -276,10 +284,12 @@ class CheckpointWriter:
                                   "choose an OUT you can write to") from None
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         self._close_files()
         if not self.committed:
             self.abort()
+            if isinstance(exc, OSError) and not isinstance(exc, ConversionError):  # disk full, say: one line
+                raise write_failed(exc, self.out, self.tmp) from None
 
     @property
     def planned(self) -> Mapping[str, PlannedTensor]:
@@ -288,7 +298,11 @@ class CheckpointWriter:
     def put(self, name: str, data: Any, *, offset: int = 0) -> None:
         """Write ``data`` (a tensor or buffer) as bytes ``[offset, offset+len)`` of tensor ``name``."""
         planned, raw = planned_bytes(self._plan, name, data, offset)
-        pwrite_all(self._fds[planned.shard], raw, planned.offset + offset)
+        try:
+            pwrite_all(self._fds[planned.shard], raw, planned.offset + offset)
+        except OSError as exc:  # the file being written named (a pwrite error names none)
+            exc.filename = exc.filename or os.path.join(self.tmp or "", planned.shard)
+            raise
         self._written[name] += raw.nbytes
 
     def put_zeros(self, name: str) -> None:
@@ -345,8 +359,7 @@ class CheckpointWriter:
 
     def abort(self) -> None:
         self._close_files()
-        if self.tmp and os.path.isdir(self.tmp):
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        remove_work_dir(self.tmp, self.out)
 
     def _close_files(self) -> None:
         for fd in self._fds.values():
@@ -355,40 +368,7 @@ class CheckpointWriter:
 
     def _move_into_place(self) -> None:
         assert self.tmp is not None
-        now = output_target(self.out, overwrite=self.overwrite, extra_names=self.extra_files)
-        if self.target.inside:
-            self._swap_entries(now.replaced)
-            return
-        if now.inside and not now.replaced:  # made (empty) meanwhile
-            os.rmdir(self.out)
-        if now.inside:  # an earlier output appeared meanwhile: moved aside, then removed
-            trash = make_private_dir(self.out, "old")
-            os.rename(self.out, os.path.join(trash, "old"))
-            os.rename(self.tmp, self.out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(self.tmp, self.out)
-        _fsync_dir(os.path.dirname(self.out))
-
-    def _swap_entries(self, replaced: Iterable[str]) -> None:
-        """Inside an existing OUT: the entries being replaced moved into a hidden ``old`` folder
-        in OUT, the new ones moved in (the index last: an interruption never leaves a directory
-        that passes the preflight), then the old ones removed. Nothing leaves OUT's filesystem."""
-        assert self.tmp is not None
-        old = None
-        replaced = list(replaced)
-        if replaced:
-            old = make_private_dir(self.out, "old", self.out)
-            for name in replaced:
-                os.rename(os.path.join(self.out, name), os.path.join(old, name))
-        names = sorted(os.listdir(self.tmp), key=lambda name: name == fmt.INDEX_FILE)
-        for name in names:
-            os.rename(os.path.join(self.tmp, name), os.path.join(self.out, name))
-        _fsync_dir(self.out)
-        os.rmdir(self.tmp)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        _fsync_dir(self.out)
+        install(self.tmp, self.target, overwrite=self.overwrite, extra_names=self.extra_files)
 
 
 def _copy_regular(source: str | os.PathLike[str], target: str) -> None:
@@ -409,13 +389,3 @@ def _write_json(path: str, document: Any) -> None:
         handle.flush()
         os.fsync(handle.fileno())
 
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
