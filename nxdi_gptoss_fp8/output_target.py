@@ -31,9 +31,9 @@ from .units import format_bytes
 from .validate.findings import printable
 
 __all__ = [
-    "NORMALIZED", "OUTPUT_SIDE_FILES", "SOURCE", "SOURCE_KINDS", "OutputTarget", "check_space", "check_writable",
-    "free_bytes", "host_tag", "install", "make_private_dir", "output_target", "remove_stale_partials",
-    "remove_work_dir", "staged_output", "stale_partials", "write_failed",
+    "DIRECTORY_BLOCKS", "NORMALIZED", "OUTPUT_SIDE_FILES", "SOURCE", "SOURCE_KINDS", "OutputTarget", "block_size",
+    "check_space", "check_writable", "free_bytes", "host_tag", "install", "make_private_dir", "output_target", "remove_stale_partials",
+    "remove_work_dir", "space_needed", "staged_output", "stale_partials", "write_failed",
 ]
 
 logger = logging.getLogger(f"{__package__}.writer")  # the writer's messages, under the writer's one logger
@@ -274,9 +274,9 @@ def write_failed(exc: OSError, out: str, where: str | None = None) -> OutputWrit
     reason = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded"}.get(
         exc.errno, exc.strerror or str(exc))
     return OutputWriteError(
-        f"cannot write {out}: {reason} (writing {printable(os.fspath(path))}); the partial output was removed and "
-        f"{'an existing ' + os.path.basename(out) + ' is untouched' if os.path.lexists(out) else 'nothing was left'}: "
-        "free some space or choose another OUT", path=os.fspath(path), errno_name=errno.errorcode.get(exc.errno or 0))
+        f"cannot write {out}: {reason} (writing {printable(os.fspath(path))}); the partial output was removed"
+        + (f" and {out} is as it was" if os.path.lexists(out) else ", nothing is left") + ": free some space or "
+        "choose another OUT", path=os.fspath(path), errno_name=errno.errorcode.get(exc.errno or 0))
 
 
 @contextlib.contextmanager
@@ -328,15 +328,37 @@ def free_bytes(path: str) -> int:
     return info.f_bavail * info.f_frsize
 
 
-def check_space(target: OutputTarget, needed: int, out: str) -> None:
-    """Refuse, before the first byte, an output of ``needed`` bytes that cannot finish where it
-    will be written: the free space of the filesystem holding ``target``'s work folder."""
+# blocks counted for the directories a write creates (the work folder, an ``old`` folder)
+DIRECTORY_BLOCKS = 2
+
+
+def block_size(path: str) -> int:
+    """The allocation unit of the filesystem holding ``path`` (every file occupies whole ones)."""
+    try:
+        return os.statvfs(path).f_frsize or 4096
+    except OSError:
+        return 4096
+
+
+def space_needed(sizes: Iterable[int], where: str) -> int:
+    """Bytes of the filesystem holding ``where`` that files of ``sizes`` bytes occupy: each
+    rounded up to whole blocks, plus ``DIRECTORY_BLOCKS`` for the directories. The one figure
+    the free-space check compares (a dry run and a real run alike)."""
+    block = block_size(where)
+    return sum(-(-size // block) * block for size in sizes) + DIRECTORY_BLOCKS * block
+
+
+def check_space(target: OutputTarget, sizes: Iterable[int], out: str) -> None:
+    """Refuse, before the first byte, an output of files of ``sizes`` bytes that cannot finish
+    where it will be written: the free space of the filesystem holding ``target``'s work folder
+    must cover ``space_needed`` (an output that exactly fills it fits)."""
     where = target.existing_ancestor()
+    needed = space_needed(sizes, where)
     free = free_bytes(where)
     if needed > free:
         raise ConversionError(
-            f"{out}: the output needs {format_bytes(needed)} ({needed:,} bytes) but the filesystem holding "
-            f"{where} has {format_bytes(free)} free: free some space or choose another OUT")
+            f"{out}: the output needs {format_bytes(needed)} ({needed:,} bytes) on disk but the filesystem holding "
+            f"{where} has {format_bytes(free)} ({free:,} bytes) free: free some space or choose another OUT")
 
 
 def _hidden_prefix(out: str, kind: str) -> str:

@@ -423,7 +423,7 @@ def test_the_plan_of_an_existing_out_is_made_inside_it(sources: dict[str, Path],
 @needs_root
 def test_free_space_short_on_a_small_filesystem(sources: dict[str, Path], tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    needed = plan(sources[SOURCE_BF16], tmp_path / "probe", padded_hidden_size=256).write_bytes
+    needed = plan(sources[SOURCE_BF16], tmp_path / "probe", padded_hidden_size=256).space[0].needed
     with tmpfs(tmp_path / "small", f"{max(needed // 2, 4096 * 8)}") as small:
         out = small / "out"
         args = ["convert", str(sources[SOURCE_BF16]), str(out), "--padded-hidden-size", "256"]

@@ -12,7 +12,17 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import MissingDependencyError, NxdiGptossFp8Error
-from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError, _add_output_options, _checkpoint_dir, _needs, _size
+from ._shared import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    _add_output_options,
+    _checkpoint_dir,
+    _needs,
+    _size,
+    usage_error,
+)
 
 __all__ = ["add_convert_command", "add_verify_conversion_command"]
 
@@ -75,7 +85,8 @@ def _json_errors(handler: Any) -> Any:
                     code = 128 + getattr(exc, "signum", signal.SIGINT)
                 message = str(exc) if not isinstance(exc, KeyboardInterrupt) else _interrupted_text(exc)
                 print(json.dumps({"ok": False, "command": args.command, "error": message,
-                                  "error_type": type(exc).__name__.lstrip("_"), "exit_code": code}, indent=2))
+                                  "error_type": type(exc).__name__.lstrip("_"), "exit_code": code,
+                                  **getattr(exc, "details", {})}, indent=2))
                 sys.stdout.flush()
             raise
 
@@ -132,8 +143,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                     raise _PlanShown(plan(source.path, args.out, **options))
                 # convert() makes the same plan first and refuses at once when it does not fit
                 report = convert(source.path, args.out, progress=True, workers=workers, **options)
-            except ConversionError as exc:  # a source or output we cannot use: unreadable input
-                raise UsageError(str(exc)) from None
+            except ConversionError as exc:  # a source or output we cannot use, or a write that failed
+                raise usage_error(exc) from None
     except _PlanShown as shown:
         print(json.dumps(shown.plan.to_dict(), indent=2) if args.json else shown.plan.render_text())
         return EXIT_OK if shown.plan.ok else EXIT_FINDINGS

@@ -9,7 +9,7 @@ from typing import Any
 from .. import format as fmt
 from ..errors import NxdiGptossFp8Error
 from ..validate.pipeline import preflight
-from ._shared import EXIT_FINDINGS, EXIT_OK, UsageError, _add_output_options, _needs, _size
+from ._shared import EXIT_FINDINGS, EXIT_OK, UsageError, _add_output_options, _needs, _size, usage_error
 
 __all__ = ["add_demo_command", "add_make_tiny_command"]
 
@@ -45,7 +45,7 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
             max_shard_size=max_shard_size, seed=args.seed, overwrite=args.overwrite,
         )
     except NxdiGptossFp8Error as exc:  # OUT changed meanwhile, or the disk filled: one line, exit 2
-        raise UsageError(str(exc)) from None
+        raise usage_error(exc) from None
     custom = fmt.profile_for_dims(dims) == fmt.PROFILE_CUSTOM
     report = preflight(out, allow_custom_model=custom)
     print(f"wrote {out}")
@@ -134,7 +134,7 @@ def _make_tiny_source(args: argparse.Namespace) -> int:
     try:  # the size cap on the source itself; written whole, into place only when complete
         make_source(out, source_kind, dims=dims, seed=args.seed, original=False, overwrite=args.overwrite)
     except (ValueError, NxdiGptossFp8Error) as exc:
-        raise UsageError(str(exc)) from None
+        raise usage_error(exc) from None
     print(f"wrote a tiny synthetic {_SOURCE_KINDS[args.hf]} GPT-OSS source to {out} (random values, the published "
           "repos' layout)")
     print(f"try: nxdi-gptoss-fp8 convert {out} {out}-fp8 && nxdi-gptoss-fp8 verify-conversion {out}-fp8 --source {out}")
