@@ -294,3 +294,60 @@ def test_the_demo_removes_only_what_it_made(tmp_path: Path) -> None:
     run_demo(lambda _line: None, workdir=str(keep), load=False)
     assert (keep / USER_FILE).read_text() == "precious"
     shutil.rmtree(keep)
+
+
+# --------------------------------------------------------------------------- make-tiny on a full disk, its size cap
+
+
+@needs_root
+@pytest.mark.parametrize("variant", [[], ["--hf-mxfp4"], ["--hf-bf16"], ["--ct-fp8"]], ids=lambda v: v[0] if v else "normalized")
+@pytest.mark.parametrize("existing", [False, True], ids=["absent-out", "earlier-output"])
+def test_make_tiny_on_a_full_disk_is_one_line_and_leaves_nothing(variant: list[str], existing: bool, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    earlier = tmp_path / "earlier"
+    assert main(["make-tiny", *variant, str(earlier)]) == 0
+    size = sum(p.stat().st_blocks * 512 for p in earlier.iterdir())
+    with tmpfs(tmp_path / "small", str(size + size // 2 if existing else 48 * 1024)) as small:
+        out = small / "out"
+        if existing:  # an earlier output of the same kind, which a failed --overwrite must leave as it was
+            shutil.copytree(earlier, out)
+        before = {p.relative_to(small): p.read_bytes() for p in small.rglob("*") if p.is_file()}
+        capsys.readouterr()
+        assert main(["make-tiny", *variant, str(out), *(["--overwrite"] if existing else [])]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and str(out) in err
+        assert ("no space left on the device" in err and "partial output was removed" in err) or "free" in err
+        assert {p.relative_to(small): p.read_bytes() for p in small.rglob("*") if p.is_file()} == before
+        assert not [p for p in small.rglob(".*")]
+
+
+@pytest.mark.parametrize("kind, refused", [(SOURCE_BF16, True), (SOURCE_COMPRESSED_TENSORS, True),
+                                           (SOURCE_MXFP4, False)])
+def test_the_size_cap_of_a_source_counts_the_source_it_writes(kind: str, refused: bool) -> None:
+    """2 layers of 32 experts at H = I = 1024: the normalized checkpoint (FP8) is under the byte
+    cap, its BF16 source (two bytes a value) over it, the MXFP4 source (half a byte) under it; at
+    600 small experts, the compressed-tensors source (nine tensors an expert) has more tensors
+    than the cap, the normalized checkpoint 41."""
+    from nxdi_gptoss_fp8.synthetic.sources import check_source_dims
+    from nxdi_gptoss_fp8.synthetic.tiny_stdlib import tiny_layout
+
+    dims = fmt.ModelDims(num_hidden_layers=2, num_local_experts=32, hidden_size=1024, intermediate_size=1024,
+                         head_dim=64, num_attention_heads=16, num_key_value_heads=8, vocab_size=64,
+                         num_experts_per_tok=4, sliding_window=8)
+    if kind == SOURCE_COMPRESSED_TENSORS:
+        dims = fmt.ModelDims(**{**TINY_DIMS.__dict__, "num_local_experts": 600})
+    tiny_layout(dims, None, None)  # the normalized checkpoint would be tiny enough
+    if refused:
+        with pytest.raises(ValueError, match="a tiny source"):
+            check_source_dims(dims, kind)
+    else:
+        check_source_dims(dims, kind)
+
+
+def test_make_tiny_refuses_a_source_over_the_cap_before_writing(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["make-tiny", "--hf-bf16", str(tmp_path / "big"), "--layers", "2", "--experts", "32", "--hidden-size", "1024",
+            "--intermediate-size", "1024", "--head-dim", "64", "--heads", "16", "--kv-heads", "8"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "a tiny source" in err and len(err.strip().splitlines()) == 1 and not os.listdir(tmp_path)
