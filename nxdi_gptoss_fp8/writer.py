@@ -16,6 +16,7 @@ what it may replace, the free-space check and the leftovers: ``output_target``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -293,6 +294,8 @@ class CheckpointWriter:
                 os.ftruncate(fd, size)
         except OSError as exc:
             self.abort()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise write_failed(exc, self.out, self.tmp) from None
             where = self.tmp or self.target.work_parent
             raise ConversionError(f"cannot write the output {self.out} (in {where}): {exc.strerror or exc}: "
                                   "choose an OUT you can write to") from None
