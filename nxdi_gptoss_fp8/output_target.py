@@ -78,8 +78,13 @@ def _is_source_name(out: str, name: str) -> bool:
             return set(os.listdir(path)) <= set(_SOURCE_ORIGINAL[1])
         except OSError:
             return False
-    return (name in _SOURCE_FILES or bool(_OUR_SHARD.fullmatch(name))) and os.path.isfile(path) \
-        and not os.path.islink(path)
+    return (name in _SOURCE_FILES or bool(_OUR_SHARD.fullmatch(name))) and _is_plain_file(out, name)
+
+
+def _is_plain_file(out: str, name: str) -> bool:
+    """A regular file, not a symbolic link: a directory or link named like ours is not ours."""
+    path = os.path.join(out, name)
+    return os.path.isfile(path) and not os.path.islink(path)
 
 
 def _kind_title(kind: str) -> str:
@@ -91,10 +96,12 @@ def _kind_title(kind: str) -> str:
 def _foreign(out: str, entries: list[str], kind: str, extra_names: Iterable[str]) -> list[str]:
     """What in ``out`` (its ``entries``) is not an earlier output of ``kind``: entries no writer of
     that kind writes, an index of another format, or (sources) a checkpoint of another kind."""
-    if kind == NORMALIZED:
-        foreign = [name for name in entries if not _is_our_name(name, extra_names)]
+    if kind == NORMALIZED:  # our names, as regular files, and the index of this format among them
+        foreign = [name for name in entries if not _is_our_name(name, extra_names) or not _is_plain_file(out, name)]
         index = os.path.join(out, fmt.INDEX_FILE)
-        if os.path.lexists(index) and not _is_our_index(index):
+        if not os.path.lexists(index):
+            foreign.append(f"no {fmt.INDEX_FILE}")
+        elif not _is_our_index(index):
             foreign.insert(0, f"{fmt.INDEX_FILE} (not a {fmt.FORMAT_NAME} index)")
         return foreign
     foreign = [name for name in entries if not _is_source_name(out, name)]

@@ -86,9 +86,33 @@ CLI_WRITERS = {
 @pytest.mark.parametrize("writer", sorted(API_WRITERS))
 def test_no_api_writer_replaces_a_directory_holding_a_user_file(writer: str, tmp_path: Path, mxfp4_source: Path) -> None:
     out = _user_dir(tmp_path / "mydir")
-    with pytest.raises(ConversionError, match=rf"{out}.*does not look like an earlier output.*it holds {USER_FILE}"):
+    with pytest.raises(ConversionError, match=rf"{out}.*does not look like an earlier output.*it holds {USER_FILE}\b"):
         API_WRITERS[writer](out, mxfp4_source)
     assert sorted(os.listdir(out)) == [USER_FILE] and (out / USER_FILE).read_text() == "precious"
+
+
+@pytest.mark.parametrize("entries", [
+    {"config.json": "{}"}, {"config.json": "{}", "README.md": "# my project"},
+    {"model-00001-of-00001.safetensors": "x", "config.json": "{}"},
+])
+def test_our_file_names_without_our_index_are_not_taken_for_an_earlier_output(entries: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    out = tmp_path / "project"
+    out.mkdir()
+    for name, text in entries.items():
+        (out / name).write_text(text)
+    with pytest.raises(ConversionError, match=f"it holds no {fmt.INDEX_FILE}"):
+        make_tiny(out, overwrite=True)
+    assert {p.name: p.read_text() for p in out.iterdir()} == entries
+
+
+def test_a_directory_named_like_our_file_is_not_ours(tmp_path: Path) -> None:
+    out = make_tiny(tmp_path / "n")
+    Path(out, "README.md").mkdir()  # a card's name, but a directory
+    Path(out, "README.md", "notes.txt").write_text("mine")
+    with pytest.raises(ConversionError, match=r"it holds README\.md"):
+        make_tiny(out, overwrite=True)
+    assert Path(out, "README.md", "notes.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("command", sorted(CLI_WRITERS))
