@@ -11,6 +11,10 @@ import importlib
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -147,17 +151,40 @@ def test_a_dry_run_refuses_what_the_real_run_refuses(case: str, kind: str, sourc
         assert out == tmp_path / "ro" or not out.exists()
 
 
-@pytest.mark.skipif(IS_ROOT, reason="root may write any directory")
-def test_a_dry_run_refuses_a_directory_without_write_permission(sources: dict[str, Path], tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o555)
+def _as_nobody() -> list[str]:
+    """The command prefix that runs a command without root's rights (root: ``setpriv`` to the
+    user nobody; anyone else: nothing), or a skip."""
+    if not IS_ROOT:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to drop root's rights")
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def test_a_dry_run_refuses_a_directory_without_write_permission(sources: dict[str, Path]) -> None:
+    """A subprocess per run (dropping root's rights): one source kind, as the refusal comes from
+    the output's check alone (the read-only cases above run every kind)."""
+    prefix, kind = _as_nobody(), SOURCE_MXFP4
+    base = Path(tempfile.mkdtemp(prefix="nxdi-gptoss-fp8-locked-"))  # outside pytest's 0700 tree
     try:
-        for extra in (["--dry-run"], []):
-            assert main(["convert", str(sources[SOURCE_MXFP4]), str(locked / "out"), *extra]) == 2
-            assert "not writable by this user" in capsys.readouterr().err
+        base.chmod(0o755)
+        src = Path(shutil.copytree(sources[kind], base / "src"))
+        for path in (src, *src.iterdir()):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        locked = base / "locked"
+        locked.mkdir(mode=0o555)
+        locked.chmod(0o555)
+        lines = []
+        for extra in (["--dry-run"], ["--dry-run", "--json"], []):
+            run = subprocess.run([*prefix, sys.executable, "-m", "nxdi_gptoss_fp8", "convert", str(src),
+                                  str(locked / "out"), *extra], capture_output=True, text=True, timeout=300,
+                                 env={**os.environ, "HOME": str(base)})
+            assert run.returncode == 2 and "not writable by this user" in run.stderr, run.stderr
+            assert "OK: the conversion fits" not in run.stdout
+            lines.append(run.stderr.strip())
+        assert len(set(lines)) == 1 and len(lines[0].splitlines()) == 1 and not os.listdir(locked)
     finally:
-        locked.chmod(0o755)
+        shutil.rmtree(base)
 
 
 @needs_root
