@@ -32,8 +32,9 @@ from .validate.findings import printable
 
 __all__ = [
     "DIRECTORY_BLOCKS", "NORMALIZED", "OUTPUT_SIDE_FILES", "SOURCE", "SOURCE_KINDS", "OutputTarget", "block_size",
-    "check_space", "check_writable", "free_bytes", "host_tag", "install", "make_private_dir", "output_target", "remove_stale_partials",
-    "remove_work_dir", "space_needed", "staged_output", "stale_partials", "write_failed",
+    "check_space", "check_writable", "free_bytes", "host_tag", "install", "is_write_error", "make_private_dir",
+    "output_target", "remove_stale_partials", "remove_work_dir", "space_needed", "staged_output", "stale_partials",
+    "write_failed",
 ]
 
 logger = logging.getLogger(f"{__package__}.writer")  # the writer's messages, under the writer's one logger
@@ -273,6 +274,18 @@ def install(work: str, target: OutputTarget, *, overwrite: bool, extra_names: It
     _fsync_dir(os.path.dirname(out))
 
 
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def is_write_error(exc: BaseException, work: str | None) -> bool:
+    """Whether ``exc`` is a failure to write the output (the disk or quota full, a file too
+    large, or any error on a file in the work folder ``work``), not a source that cannot be read."""
+    if not isinstance(exc, OSError) or isinstance(exc, ConversionError):
+        return False
+    filename = os.fspath(exc.filename) if isinstance(exc.filename, (str, os.PathLike)) else None
+    return exc.errno in _WRITE_ERRNOS or bool(work and filename and _inside(filename, work))
+
+
 def write_failed(exc: OSError, out: str, where: str | None = None) -> OutputWriteError:
     """The one-line error for an ``OSError`` while writing ``out`` (disk full, quota, I/O error),
     raised after the partial output was removed: names the path being written and says that
@@ -303,6 +316,8 @@ def staged_output(out: str | os.PathLike[str], *, overwrite: bool, kind: str) ->
         yield work
         install(work, target, overwrite=overwrite, kind=kind)
     except OSError as exc:
+        if not is_write_error(exc, work) and exc.filename is not None:
+            raise
         raise write_failed(exc, target.out, work) from None
     finally:
         remove_work_dir(work, target.out)

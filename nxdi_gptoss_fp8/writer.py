@@ -33,6 +33,7 @@ from .errors import ConversionError
 from .output_target import (
     check_space,
     install,
+    is_write_error,
     make_private_dir,
     output_target,
     remove_stale_partials,
@@ -305,7 +306,7 @@ class CheckpointWriter:
         self._close_files()
         if not self.committed:
             self.abort()
-            if isinstance(exc, OSError) and not isinstance(exc, ConversionError):  # disk full, say: one line
+            if isinstance(exc, OSError) and is_write_error(exc, self.tmp):  # disk full, say: one line
                 raise write_failed(exc, self.out, self.tmp) from None
 
     @property

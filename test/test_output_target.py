@@ -24,6 +24,7 @@ from nxdi_gptoss_fp8.output_target import (
     SOURCE,
     OutputTarget,
     check_writable,
+    is_write_error,
     output_target,
     remove_work_dir,
     staged_output,
@@ -209,6 +210,21 @@ def test_staged_output_turns_an_os_error_into_one_line_naming_the_path(tmp_path:
         raise OSError(28, "No space left on device", os.path.join(work, "model-00001-of-00002.safetensors"))
     assert caught.value.errno_name == "ENOSPC" and caught.value.path.endswith("model-00001-of-00002.safetensors")
     assert "partial output was removed" in str(caught.value) and not out.exists() and not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("error, inside, expected", [
+    (OSError(28, "No space left on device"), False, True),
+    (OSError(122, "Disk quota exceeded"), False, True),
+    (OSError(5, "Input/output error", "WORK/model-00001-of-00001.safetensors"), True, True),
+    (OSError(5, "Input/output error", "/elsewhere/source.safetensors"), False, False),
+    (PermissionError(13, "Permission denied", "/elsewhere/config.json"), False, False),
+    (ConversionError("not an OSError"), False, False),
+])
+def test_is_write_error_tells_the_output_from_the_source(error: BaseException, inside: bool, expected: bool,
+                                                         tmp_path: Path) -> None:
+    if isinstance(error, OSError) and error.filename and inside:
+        error.filename = str(tmp_path / os.path.basename(error.filename))
+    assert is_write_error(error, str(tmp_path)) is expected
 
 
 @pytest.mark.parametrize("name", ["out", "..", ".out.partial", ".other.partial-host-1-ab", "src"])
