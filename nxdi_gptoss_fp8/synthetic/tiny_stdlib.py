@@ -157,7 +157,8 @@ def make_tiny_stdlib(
     seed: int = 0,
     overwrite: bool = False,
 ) -> str:
-    """Write a valid tiny normalized checkpoint to ``out`` without torch; returns the directory."""
+    """Write a valid tiny normalized checkpoint to ``out`` without torch; returns the directory.
+    ``overwrite`` replaces only an earlier normalized output (``output_target.output_target``)."""
     layout = tiny_layout(dims, padded_hidden_size, padded_intermediate_size)
     rng = random.Random(check_seed(seed))
     tensors = ((name, tensor_bytes(spec, layout, rng)) for name, spec in fmt.expected_namespace(layout).items())
