@@ -8,7 +8,7 @@ from typing import Protocol
 __all__ = [
     "CheckpointFormatError", "ConfigError", "ConversionError", "CpuModelError", "FailedReportError",
     "IntegrityError", "LoadError", "MissingDependencyError", "NotRegularFileError", "NxdiGptossFp8Error",
-    "PreflightError", "RegistrationError", "ReportBindingError", "ShardedWeightsError",
+    "OutputWriteError", "PreflightError", "RegistrationError", "ReportBindingError", "ShardedWeightsError",
 ]
 
 
@@ -102,6 +102,17 @@ class FailedReportError(PreflightError, ReportBindingError):
 
 class ConversionError(NxdiGptossFp8Error):
     """A source checkpoint cannot be converted (unknown layout, bad tensor, existing output)."""
+
+
+class OutputWriteError(ConversionError):
+    """Writing an output failed part way (disk full, quota, I/O error); the partial output was
+    removed and OUT is as it was. ``path`` is the file or folder being written, ``errno_name``
+    the system's name of the error (``ENOSPC``), when known."""
+
+    def __init__(self, message: str, *, path: str, errno_name: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errno_name = errno_name
 
 
 class NotRegularFileError(NxdiGptossFp8Error, OSError):

@@ -16,6 +16,7 @@ what it may replace, the free-space check and the leftovers: ``output_target``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -29,19 +30,29 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ConversionError
-from .output_target import check_space, make_private_dir, output_target, remove_stale_partials
+from .output_target import (
+    check_space,
+    install,
+    is_write_error,
+    make_private_dir,
+    output_target,
+    remove_stale_partials,
+    remove_work_dir,
+    write_failed,
+)
 from .progress import Progress
 from .safeio.files import open_regular
 from .safeio.hashing import hash_files
 
 __all__ = [
-    "DEFAULT_MAX_SHARD_SIZE", "CheckpointWriter", "PlannedTensor", "as_bytes", "build_header", "logger",
+    "DEFAULT_MAX_SHARD_SIZE", "INDEX_SLACK", "CheckpointWriter", "PlannedTensor", "as_bytes", "build_header", "logger",
     "parse_size", "plan_shards", "shard_file_name", "shard_units",
 ]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SHARD_SIZE = 5_000_000_000
+INDEX_SLACK = 1024  # bytes of index metadata a caller may add before commit (``planned_files``)
 _ALIGNMENT = 8
 _DTYPE_ORDER = {"F64": 0, "I64": 0, "U64": 0, "F32": 1, "I32": 1, "U32": 1, "BF16": 2, "F16": 2}
 _QKV = re.compile(r"^(.*self_attn\.)([qkv])_proj\.(weight|bias)$")
@@ -208,6 +219,9 @@ class CheckpointWriter:
         # file name → text written beside the checkpoint at commit, inside the atomic write (a
         # model card made from the finished conversion, say); set before ``commit``
         self.text_files: dict[str, str] = {}
+        # file name → an upper bound of a text file the caller will set before ``commit`` (counted
+        # by ``planned_files``, so the free-space check covers it)
+        self.reserved: dict[str, int] = {}
         self.overwrite, self.hash_workers, self.record_sha256 = overwrite, hash_workers, record_sha256
         for name in self.extra_files:
             if os.path.basename(name) != name or name in (".", "..", fmt.CONFIG_FILE, fmt.INDEX_FILE) \
@@ -236,25 +250,35 @@ class CheckpointWriter:
         """Shard file name → its size in bytes (header included), as it will be written."""
         return {shard: size for shard, (_header, size) in self._headers.items()}
 
-    def planned_bytes(self) -> int:
-        """Bytes the finished output occupies: the shards, the extra files and a generous bound
-        for config.json and the index (written last; their exact size depends on the digests)."""
-        extra = 0
-        for source in self.extra_files.values():
+    def planned_files(self) -> dict[str, int]:
+        """Every file of the finished output → its size in bytes: the shards (from their headers),
+        ``config.json`` and the copied and text files exactly, the index with its digests plus
+        ``INDEX_SLACK`` (room for what a caller adds to the ``source`` metadata before commit, e.g.
+        the exactness summary), and each ``reserved`` file at the bound its caller gave."""
+        files = dict(self.shard_sizes)
+        for name, source in self.extra_files.items():
             with contextlib.suppress(OSError):
-                extra += os.stat(source).st_size
-        extra += sum(len(text.encode("utf-8")) for text in self.text_files.values()) + 64 * 1024  # e.g. a card
-        index_bound = 4096 + sum(len(name) + len(planned.shard) + 16 for name, planned in self._plan.items())
-        index_bound += len(self.shard_names) * 96 + len(json.dumps(self.source or {}, default=str)) + 1024
-        config_bound = 2 * len(json.dumps(self.config, indent=2, default=str)) + 4096
-        return sum(self.shard_sizes.values()) + extra + index_bound + config_bound
+                files[name] = os.stat(source).st_size
+        files.update({name: len(text.encode("utf-8")) for name, text in self.text_files.items()})
+        files.update({name: bound for name, bound in self.reserved.items() if name not in self.text_files})
+        files[fmt.CONFIG_FILE] = len(_json_text(self.config).encode("utf-8"))
+        digests = dict.fromkeys(self.shard_names, "0" * 64) if self.record_sha256 else None
+        metadata = fmt.index_metadata(self.layout, self.profile, shard_sha256=digests, source=self.source)
+        index = {"metadata": metadata, "weight_map": {name: planned.shard for name, planned in self._plan.items()}}
+        files[fmt.INDEX_FILE] = len(_json_text(index).encode("utf-8")) + INDEX_SLACK
+        return files
+
+    def planned_bytes(self) -> int:
+        """Bytes the finished output's files hold (``planned_files``, summed)."""
+        return sum(self.planned_files().values())
 
     def check_space(self) -> None:
         """Refuse, before the first byte, an output that cannot finish where it will be written:
-        the free space of that filesystem must cover ``planned_bytes`` (``output_target.check_space``)."""
+        the free space of that filesystem must cover ``planned_files`` on disk
+        (``output_target.check_space``)."""
         if self.sparse:
             return
-        check_space(self.target, self.planned_bytes(), self.out)
+        check_space(self.target, self.planned_files().values(), self.out)
 
     def __enter__(self) -> CheckpointWriter:
         if not self.target.inside:
@@ -271,15 +295,19 @@ class CheckpointWriter:
                 os.ftruncate(fd, size)
         except OSError as exc:
             self.abort()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise write_failed(exc, self.out, self.tmp) from None
             where = self.tmp or self.target.work_parent
             raise ConversionError(f"cannot write the output {self.out} (in {where}): {exc.strerror or exc}: "
                                   "choose an OUT you can write to") from None
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         self._close_files()
         if not self.committed:
             self.abort()
+            if isinstance(exc, OSError) and is_write_error(exc, self.tmp):  # disk full, say: one line
+                raise write_failed(exc, self.out, self.tmp) from None
 
     @property
     def planned(self) -> Mapping[str, PlannedTensor]:
@@ -288,7 +316,11 @@ class CheckpointWriter:
     def put(self, name: str, data: Any, *, offset: int = 0) -> None:
         """Write ``data`` (a tensor or buffer) as bytes ``[offset, offset+len)`` of tensor ``name``."""
         planned, raw = planned_bytes(self._plan, name, data, offset)
-        pwrite_all(self._fds[planned.shard], raw, planned.offset + offset)
+        try:
+            pwrite_all(self._fds[planned.shard], raw, planned.offset + offset)
+        except OSError as exc:  # the file being written named (a pwrite error names none)
+            exc.filename = exc.filename or os.path.join(self.tmp or "", planned.shard)
+            raise
         self._written[name] += raw.nbytes
 
     def put_zeros(self, name: str) -> None:
@@ -345,8 +377,7 @@ class CheckpointWriter:
 
     def abort(self) -> None:
         self._close_files()
-        if self.tmp and os.path.isdir(self.tmp):
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        remove_work_dir(self.tmp, self.out)
 
     def _close_files(self) -> None:
         for fd in self._fds.values():
@@ -355,40 +386,7 @@ class CheckpointWriter:
 
     def _move_into_place(self) -> None:
         assert self.tmp is not None
-        now = output_target(self.out, overwrite=self.overwrite, extra_names=self.extra_files)
-        if self.target.inside:
-            self._swap_entries(now.replaced)
-            return
-        if now.inside and not now.replaced:  # made (empty) meanwhile
-            os.rmdir(self.out)
-        if now.inside:  # an earlier output appeared meanwhile: moved aside, then removed
-            trash = make_private_dir(self.out, "old")
-            os.rename(self.out, os.path.join(trash, "old"))
-            os.rename(self.tmp, self.out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(self.tmp, self.out)
-        _fsync_dir(os.path.dirname(self.out))
-
-    def _swap_entries(self, replaced: Iterable[str]) -> None:
-        """Inside an existing OUT: the entries being replaced moved into a hidden ``old`` folder
-        in OUT, the new ones moved in (the index last: an interruption never leaves a directory
-        that passes the preflight), then the old ones removed. Nothing leaves OUT's filesystem."""
-        assert self.tmp is not None
-        old = None
-        replaced = list(replaced)
-        if replaced:
-            old = make_private_dir(self.out, "old", self.out)
-            for name in replaced:
-                os.rename(os.path.join(self.out, name), os.path.join(old, name))
-        names = sorted(os.listdir(self.tmp), key=lambda name: name == fmt.INDEX_FILE)
-        for name in names:
-            os.rename(os.path.join(self.tmp, name), os.path.join(self.out, name))
-        _fsync_dir(self.out)
-        os.rmdir(self.tmp)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        _fsync_dir(self.out)
+        install(self.tmp, self.target, overwrite=self.overwrite, extra_names=self.extra_files)
 
 
 def _copy_regular(source: str | os.PathLike[str], target: str) -> None:
@@ -402,20 +400,14 @@ def _copy_regular(source: str | os.PathLike[str], target: str) -> None:
         raise ConversionError(f"cannot copy {os.fspath(source)} into the output: {exc.strerror or exc}") from None
 
 
+def _json_text(document: Any) -> str:
+    """A JSON file's text as the writer writes it (what ``planned_files`` measures)."""
+    return json.dumps(document, indent=2) + "\n"
+
+
 def _write_json(path: str, document: Any) -> None:
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=2)
-        handle.write("\n")
+        handle.write(_json_text(document))
         handle.flush()
         os.fsync(handle.fileno())
 
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from .. import format as fmt
@@ -11,14 +12,30 @@ from ..deps import require
 from ..errors import ConfigError
 from ..validate.pipeline import allow_custom_from_env
 
-__all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "UsageError"]
+__all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "UsageError", "usage_error"]
 
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 
 
 class UsageError(Exception):
-    """A command-line input that cannot be used (exit 2)."""
+    """A command-line input that cannot be used, or an output that could not be written (exit 2);
+    ``details`` are extra fields of the ``--json`` error (``usage_error``)."""
+
+    def __init__(self, message: str, *, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details = dict(details or {})
+
+
+def usage_error(exc: Exception) -> UsageError:
+    """``exc`` (a package error about an input or the output) as a ``UsageError``; a failed write
+    (``OutputWriteError``: disk full, say) keeps its path and error name for ``--json``."""
+    from ..errors import OutputWriteError
+
+    if isinstance(exc, OutputWriteError):
+        return UsageError(str(exc), details={"error_type": "OutputWriteError", "path": exc.path,
+                                             "errno": exc.errno_name})
+    return UsageError(str(exc))
 
 
 def _checkpoint_dir(path: str, what: str = "the checkpoint directory") -> str:
@@ -84,4 +101,7 @@ def _add_output_options(command: argparse.ArgumentParser, *, max_shard_size: str
     command.add_argument("--padded-intermediate-size", type=_padded_size, metavar="N", help="I' (I plus a multiple of 32)")
     command.add_argument("--max-shard-size", default=max_shard_size,
                          help=f"largest shard, 1 B … 2^53 bytes, e.g. 5GB, 500MB, 2GiB (default {max_shard_size}{why})")
-    command.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    command.add_argument("--overwrite", action="store_true",
+                         help="replace a non-empty output directory, only when its content is an earlier output of "
+                              "the same kind (this tool's files, nothing else); anything else, or the current "
+                              "directory, is refused (exit 2), never emptied")

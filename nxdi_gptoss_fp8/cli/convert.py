@@ -12,7 +12,17 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import MissingDependencyError, NxdiGptossFp8Error
-from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError, _add_output_options, _checkpoint_dir, _needs, _size
+from ._shared import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    _add_output_options,
+    _checkpoint_dir,
+    _needs,
+    _size,
+    usage_error,
+)
 
 __all__ = ["add_convert_command", "add_verify_conversion_command"]
 
@@ -75,7 +85,8 @@ def _json_errors(handler: Any) -> Any:
                     code = 128 + getattr(exc, "signum", signal.SIGINT)
                 message = str(exc) if not isinstance(exc, KeyboardInterrupt) else _interrupted_text(exc)
                 print(json.dumps({"ok": False, "command": args.command, "error": message,
-                                  "error_type": type(exc).__name__.lstrip("_"), "exit_code": code}, indent=2))
+                                  "error_type": type(exc).__name__.lstrip("_"), "exit_code": code,
+                                  **getattr(exc, "details", {})}, indent=2))
                 sys.stdout.flush()
             raise
 
@@ -132,8 +143,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                     raise _PlanShown(plan(source.path, args.out, **options))
                 # convert() makes the same plan first and refuses at once when it does not fit
                 report = convert(source.path, args.out, progress=True, workers=workers, **options)
-            except ConversionError as exc:  # a source or output we cannot use: unreadable input
-                raise UsageError(str(exc)) from None
+            except ConversionError as exc:  # a source or output we cannot use, or a write that failed
+                raise usage_error(exc) from None
     except _PlanShown as shown:
         print(json.dumps(shown.plan.to_dict(), indent=2) if args.json else shown.plan.render_text())
         return EXIT_OK if shown.plan.ok else EXIT_FINDINGS
@@ -158,7 +169,8 @@ def add_convert_command(commands: Any) -> None:
                     "Before a byte moves the run is planned (see --dry-run) and refused when OUT's filesystem "
                     "(or the Hub cache) lacks the space. The output appears only when complete; an existing OUT "
                     "directory (e.g. a mount point) is written inside; --overwrite replaces only an earlier output "
-                    "of this converter. Ctrl-C, SIGTERM and SIGHUP remove the partial output. SRC is never "
+                    "of this converter, recognized by its content (anything else is refused, exit 2). Ctrl-C, "
+                    "SIGTERM, SIGHUP and a disk that fills remove the partial output. SRC is never "
                     "modified. Check the result with verify-conversion.",
     )
     convert.add_argument("src", metavar="SRC", help="the HF checkpoint directory (config.json + model.safetensors.index.json), "
@@ -171,7 +183,11 @@ def add_convert_command(commands: Any) -> None:
                          help="print the plan and stop: the files read (for a Hub id, only those fetched, with their "
                               "sizes from the cache or the Hub's metadata), the shards written and their bytes, the "
                               "free space where they go and the expected peak memory; every real run makes the same "
-                              "plan first and refuses at once (exit 2) when it does not fit; a dry run that does not fit exits 1")
+                              "plan first and refuses at once (exit 2) when it does not fit; a dry run that does not fit exits 1. "
+                              "The free space is compared with what the files occupy on disk (whole blocks, plus two "
+                              "for the directories): an output that exactly fills the filesystem fits. An OUT that "
+                              "cannot be written (read-only filesystem, no permission) or must not be replaced is "
+                              "refused in one line (exit 2) by a dry run exactly as by a real run")
     _add_workers_option(convert, "encoded")
     convert.add_argument("--json", action="store_true", help="print the conversion report (or the plan, or the error) as JSON")
     convert.set_defaults(handler=_json_errors(_cmd_convert))

@@ -9,7 +9,7 @@ from typing import Any
 from .. import format as fmt
 from ..errors import NxdiGptossFp8Error
 from ..validate.pipeline import preflight
-from ._shared import EXIT_FINDINGS, EXIT_OK, UsageError, _add_output_options, _needs, _size
+from ._shared import EXIT_FINDINGS, EXIT_OK, UsageError, _add_output_options, _needs, _size, usage_error
 
 __all__ = ["add_demo_command", "add_make_tiny_command"]
 
@@ -24,25 +24,28 @@ def _dims(args: argparse.Namespace, defaults: fmt.ModelDims) -> fmt.ModelDims:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     if args.hf is not None:
         return _make_tiny_source(args)
-    from ..output_target import prepare_output
+    from ..output_target import output_target
     from ..synthetic.tiny_stdlib import TINY_DIMS, check_seed, tiny_layout
 
     dims = _dims(args, TINY_DIMS)
     max_shard_size = _size(args.max_shard_size)
-    try:  # every argument and OUT checked before torch is imported or anything is written
+    try:  # every argument and OUT (the overwrite rule) checked before torch is imported or anything is written
         tiny_layout(dims, args.padded_hidden_size, args.padded_intermediate_size)
         check_seed(args.seed)
-        prepare_output(os.path.abspath(args.out), overwrite=args.overwrite)
+        output_target(args.out, overwrite=args.overwrite)
     except (ValueError, NxdiGptossFp8Error) as exc:
         raise UsageError(str(exc)) from None
     _needs("", "torch")
     from ..synthetic.tiny import make_tiny
 
-    out = make_tiny(
-        args.out, dims=dims, padded_hidden_size=args.padded_hidden_size,
-        padded_intermediate_size=args.padded_intermediate_size,
-        max_shard_size=max_shard_size, seed=args.seed, overwrite=args.overwrite,
-    )
+    try:
+        out = make_tiny(
+            args.out, dims=dims, padded_hidden_size=args.padded_hidden_size,
+            padded_intermediate_size=args.padded_intermediate_size,
+            max_shard_size=max_shard_size, seed=args.seed, overwrite=args.overwrite,
+        )
+    except NxdiGptossFp8Error as exc:  # OUT changed meanwhile, or the disk filled: one line, exit 2
+        raise usage_error(exc) from None
     custom = fmt.profile_for_dims(dims) == fmt.PROFILE_CUSTOM
     report = preflight(out, allow_custom_model=custom)
     print(f"wrote {out}")
@@ -66,7 +69,11 @@ def add_make_tiny_command(commands: Any) -> None:
                     "H 64, I 96), to try convert and verify-conversion without downloading a published checkpoint. "
                     "The arguments are checked first, by the format's rules (each size 1 … 2^31, experts per "
                     "token at most the experts, query heads a multiple of key/value heads, MXFP4 sizes whole "
-                    "32-blocks, at most 10,000 tensors and 256 MB); OUT must be empty or absent (exit 2).",
+                    "32-blocks, at most 10,000 tensors and 256 MB, counted on what is written: the source for "
+                    "--hf-mxfp4/--hf-bf16/--ct-fp8); OUT must be empty or absent (exit 2). --overwrite replaces only "
+                    "an earlier output of the same kind, recognized by its content (a normalized checkpoint, or a "
+                    "source of the same kind); a directory holding anything else, or the current directory, is "
+                    "refused (exit 2), never emptied.",
     )
     source_kind = tiny.add_mutually_exclusive_group()
     source_kind.add_argument("--hf-mxfp4", dest="hf", action="store_const", const="mxfp4",
@@ -76,7 +83,8 @@ def add_make_tiny_command(commands: Any) -> None:
     source_kind.add_argument("--ct-fp8", dest="hf", action="store_const", const="ct-fp8",
                              help="write a compressed-tensors FP8 source (llm-compressor FP8_DYNAMIC, per-expert "
                                   "linear layers, even/odd gate/up split) instead")
-    tiny.add_argument("out", help="output directory (must be empty or absent)")
+    tiny.add_argument("out", help="output directory (must be empty or absent, or an earlier output of the same kind "
+                                  "with --overwrite)")
     for field, flag, meaning in (
         ("num_hidden_layers", "--layers", "decoder layers"),
         ("num_local_experts", "--experts", "experts per layer"),
@@ -96,46 +104,37 @@ def add_make_tiny_command(commands: Any) -> None:
 
 
 _SOURCE_KINDS = {"mxfp4": "HF MXFP4", "bf16": "HF BF16", "ct-fp8": "compressed-tensors FP8 (llm-compressor FP8_DYNAMIC)"}
+_SOURCE_RECOGNIZED = {"mxfp4": "hf-mxfp4", "bf16": "hf-bf16", "ct-fp8": "compressed-tensors-fp8"}  # recognize's kinds
 
 
 def _make_tiny_source(args: argparse.Namespace) -> int:
     """``make-tiny --hf-mxfp4`` / ``--hf-bf16`` / ``--ct-fp8``: a tiny synthetic source to try
-    ``convert`` on, checked first and written whole (into a hidden folder beside OUT, renamed at the end)."""
+    ``convert`` on, checked first and written whole (``output_target.staged_output``: the overwrite rule)."""
     option = f"--{'ct-fp8' if args.hf == 'ct-fp8' else 'hf-' + args.hf}"
     if args.padded_hidden_size is not None or args.padded_intermediate_size is not None:
         raise UsageError("a source is never padded: pass --padded-hidden-size/--padded-intermediate-size to convert")
-    from ..output_target import prepare_output
-    from ..synthetic.tiny_stdlib import SOURCE_DIMS, check_seed, tiny_layout
+    from ..output_target import output_target
+    from ..synthetic.tiny_stdlib import SOURCE_DIMS, check_seed, dims_problems
 
     dims = _dims(args, SOURCE_DIMS)
-    try:
-        tiny_layout(dims, None, None, block=32 if args.hf == "mxfp4" else None)  # 32: the MXFP4 block
+    kind = _SOURCE_RECOGNIZED[args.hf]
+    try:  # every argument and OUT (the overwrite rule) checked before torch is imported or anything is written
+        problems = dims_problems(dims, block=32 if args.hf == "mxfp4" else None)  # 32: the MXFP4 block
+        if problems:
+            raise ValueError("; ".join(problems))
         check_seed(args.seed)
-        prepare_output(os.path.abspath(args.out), overwrite=args.overwrite)
+        output_target(args.out, overwrite=args.overwrite, kind=kind)
     except (ValueError, NxdiGptossFp8Error) as exc:
         raise UsageError(str(exc)) from None
     _needs(option, "torch", "safetensors")
-    import shutil
-    import tempfile
-
-    from ..synthetic.sources import SOURCE_BF16, SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, current_umask, make_source
+    from ..synthetic.sources import SOURCE_BF16, SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, make_source
 
     out = os.path.abspath(args.out)
-    parent, name = os.path.split(out)
-    os.makedirs(parent, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
-    try:
-        os.chmod(work, 0o777 & ~current_umask())  # mkdtemp makes it 0700; OUT gets the user's umask
-        kind = {"mxfp4": SOURCE_MXFP4, "bf16": SOURCE_BF16, "ct-fp8": SOURCE_COMPRESSED_TENSORS}[args.hf]
-        make_source(work, kind, dims=dims, seed=args.seed, original=False)
-        if os.path.isdir(out) and args.overwrite:
-            shutil.rmtree(out)
-        elif os.path.isdir(out):
-            os.rmdir(out)  # empty: prepare_output said so
-        os.rename(work, out)
-    finally:
-        if os.path.isdir(work):
-            shutil.rmtree(work, ignore_errors=True)
+    source_kind = {"mxfp4": SOURCE_MXFP4, "bf16": SOURCE_BF16, "ct-fp8": SOURCE_COMPRESSED_TENSORS}[args.hf]
+    try:  # the size cap on the source itself; written whole, into place only when complete
+        make_source(out, source_kind, dims=dims, seed=args.seed, original=False, overwrite=args.overwrite)
+    except (ValueError, NxdiGptossFp8Error) as exc:
+        raise usage_error(exc) from None
     print(f"wrote a tiny synthetic {_SOURCE_KINDS[args.hf]} GPT-OSS source to {out} (random values, the published "
           "repos' layout)")
     print(f"try: nxdi-gptoss-fp8 convert {out} {out}-fp8 && nxdi-gptoss-fp8 verify-conversion {out}-fp8 --source {out}")

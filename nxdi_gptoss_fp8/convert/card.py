@@ -217,6 +217,26 @@ def _support_window() -> str:
     return SUPPORT_WINDOW + "."
 
 
+def card_size_bound(writer: CheckpointWriter, source: Source) -> int:
+    """An upper bound of the card's bytes, known before the conversion (the plan counts it): the
+    card rendered with the widest figures the output allows (every count at the output's byte
+    count, the widest error), in both exactness wordings."""
+    from .output import ExpertStats
+
+    big = sum(planned.spec.nbytes for planned in writer.planned.values())
+    companions = sorted(name for name in writer.extra_files if name != CARD_FILE)
+    sizes = []
+    for mean in (None, 1.23e-308):
+        report = ConversionReport(
+            source=source.root, source_format=source.kind, out=writer.out, profile=writer.profile,
+            padded_hidden_size=writer.layout.padded_hidden_size,
+            padded_intermediate_size=writer.layout.padded_intermediate_size, layers=writer.layout.dims.num_hidden_layers,
+            tensors=len(writer.planned), bytes_written=big, fp8_bytes=big, elapsed_s=0.0,
+            experts=[ExpertStats("bound", big, big, big, 1.23e-308, mean)])
+        sizes.append(len(render_card(report, source, writer.layout, writer.source or {}, companions).encode("utf-8")))
+    return max(sizes)
+
+
 def write_model_card(writer: CheckpointWriter, report: ConversionReport, source: Source) -> str:
     """Hand ``README.md`` to the writer (``text_files``: written into its temporary directory at
     commit, so it moves into place with the checkpoint and counts as ours for ``--overwrite``)
@@ -230,4 +250,4 @@ def write_model_card(writer: CheckpointWriter, report: ConversionReport, source:
     return text
 
 
-__all__ = ["CARD_FILE", "front_matter", "loading_neuron_config", "render_card", "source_license", "write_model_card"]
+__all__ = ["CARD_FILE", "card_size_bound", "front_matter", "loading_neuron_config", "render_card", "source_license", "write_model_card"]

@@ -20,6 +20,7 @@ import torch
 
 from .. import format as fmt
 from ..errors import ConversionError
+from ..units import format_bytes, plural
 from ..writer import CheckpointWriter
 from .fp8 import FP8_DTYPE, MIN_NORMAL_SCALE
 from .layout import chunk_interleaved, pad_to
@@ -37,13 +38,6 @@ _WRITEBACK_BYTES = 64 << 20
 
 
 # --------------------------------------------------------------------------- report
-
-
-def _size_text(size: int) -> str:
-    for unit, factor in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if size >= factor:
-            return f"{size / factor:.2f} {unit}"
-    return f"{size} B"
 
 
 @dataclass
@@ -80,6 +74,8 @@ class ConversionReport:
     experts: list[ExpertStats] = field(default_factory=list)
     workers: str = ""  # how the layers were spread (``workers.WorkerPlan.describe``)
     peak_rss_per_process: int = 0  # the largest peak RSS of any process that converted layers
+    files: int = 0  # files the output holds (shards, config, index, card, companions)
+    files_bytes: int = 0  # their bytes: what the plan's "write" total bounds
 
     @property
     def fp8_values(self) -> int:
@@ -118,11 +114,12 @@ class ConversionReport:
             f"converted {self.source} ({self.source_format}) → {self.out}",
             f"  profile {self.profile}, {self.layers} layers, H'={self.padded_hidden_size}, "
             f"I'={self.padded_intermediate_size}, {self.tensors} tensors",
-            f"  {_size_text(self.bytes_written)} written ({_size_text(self.fp8_bytes)} FP8) in "
+            f"  {plural(self.files, 'file')}, {format_bytes(self.files_bytes)} ({self.files_bytes:,} bytes) written: "
+            f"{format_bytes(self.bytes_written)} of tensor data ({format_bytes(self.fp8_bytes)} FP8), in "
             f"{self.elapsed_s:.1f} s ({rate:.0f} MB/s FP8)",
         ]
         if self.workers:
-            lines.append(f"  {self.workers}; measured peak RSS per process {_size_text(self.peak_rss_per_process)}")
+            lines.append(f"  {self.workers}; measured peak RSS per process {format_bytes(self.peak_rss_per_process)}")
         if not self.requantized:
             lines.append(
                 f"  exactness: {self.fp8_values - self.inexact_values} of {self.fp8_values} expert values exact "

@@ -21,7 +21,7 @@ from ..config_fields import config_field_problems
 from ..errors import ConversionError
 from ..progress import Progress
 from ..writer import CheckpointWriter, parse_size
-from .card import write_model_card
+from .card import CARD_FILE, card_size_bound, write_model_card
 from .kinds.base import SourceKind
 from .kinds.compressed_tensors import NAME as SOURCE_COMPRESSED_TENSORS
 from .kinds.compressed_tensors import CompressedTensorsFp8
@@ -183,7 +183,15 @@ def _prepare(src: str | os.PathLike[str], out: str | os.PathLike[str], *, padded
                          extra_files=extra_files)
     extras = {name: os.fspath(path) for name, path in (extra_files or {}).items()}
     reads = local_reads(source.root, source.tensors, extras)
+    _reserve_card(writer, source)
     return source, writer, plan_conversion(source=source.root, source_format=source.kind, writer=writer, reads=reads)
+
+
+def _reserve_card(writer: CheckpointWriter, source: Source) -> None:
+    """Count the model card the conversion writes at the end (at its bound) in the writer's
+    plan, in place of a source README.md it replaces."""
+    writer.extra_files.pop(CARD_FILE, None)
+    writer.reserved[CARD_FILE] = card_size_bound(writer, source)
 
 
 def plan_from_hub(fetch: Any, out: str | os.PathLike[str], *, padded_hidden_size: int | None = None,
@@ -215,6 +223,7 @@ def plan_from_hub(fetch: Any, out: str | os.PathLike[str], *, padded_hidden_size
         if os.path.isfile(path):
             reads.append(PlannedFile(name, os.stat(path).st_size, cached=True))
     reads += [PlannedFile(shard, fetch.sizes.get(shard), cached=fetch.cached.get(shard, False)) for shard in fetch.shards]
+    _reserve_card(writer, Source(root=fetch.metadata_path, kind=kind, config=config, dims=dims, tensors={}))
     return plan_conversion(source=f"{fetch.repo_id}@{fetch.commit or fetch.revision or 'main'}", source_format=kind,
                            writer=writer, reads=reads, download_dir=fetch.download_dir)
 
@@ -327,5 +336,7 @@ def convert(
         write_model_card(writer, report, source)  # README.md, written with the checkpoint at commit
         bar.close()
         writer.commit(show_progress=None if progress else False)
+    written = [os.path.join(out_path, name) for name in writer.planned_files()]
+    report.files, report.files_bytes = len(written), sum(os.path.getsize(path) for path in written)
     report.elapsed_s = time.perf_counter() - started
     return report

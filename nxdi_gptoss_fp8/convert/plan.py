@@ -4,7 +4,12 @@ fits, and the expected peak memory.
 ``convert --dry-run`` prints the plan; every real run makes the same plan first and refuses at
 once, with its numbers, when the free space (of OUT's filesystem, and of the Hub cache for the
 shards still to download) or the machine's memory is short. The written side comes from the
-writer's own shard plan and headers, so the figures are the bytes that will be written.
+writer's own shard plan and headers (``CheckpointWriter.planned_files``): every file the output
+will hold, exact except the index and the model card, which carry figures known only at the end
+and are counted at a bound. The free space is compared with what those files occupy on disk
+(``output_target.space_needed``: whole blocks, plus two for the directories), the same figure a
+real run checks. Whether OUT can be written at all is decided before planning, by the same
+check as a real run (``output_target.check_writable``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import ConversionError
-from ..output_target import free_bytes
+from ..output_target import free_bytes, space_needed
 from ..units import format_bytes, plural
 from ..writer import CheckpointWriter
 from .output import CHUNK_BYTES, Workspace
@@ -33,12 +38,14 @@ BASE_PROCESS_BYTES = 320_000_000
 
 @dataclass
 class PlannedFile:
-    """One file read or written: its name, size (None: unknown) and, for a Hub source, whether
-    the local cache already holds it (None: a local file)."""
+    """One file read or written: its name, size (None: unknown), for a Hub source whether the
+    local cache already holds it (None: a local file) and, for a written file, whether the size
+    is exact (False: an upper bound, for files holding figures known only at the end)."""
 
     name: str
     bytes: int | None
     cached: bool | None = None
+    exact: bool = True
 
 
 @dataclass
@@ -70,7 +77,7 @@ class ConversionPlan:
     padded_intermediate_size: int
     reads: list[PlannedFile]
     shards: list[PlannedFile]
-    other_write_bytes: int  # config, index, companion files (a bound)
+    files: list[PlannedFile]  # the other files written: config, index, card, companion files
     peak_memory: int
     memory_total: int | None
     space: list[SpaceCheck] = field(default_factory=list)
@@ -90,7 +97,8 @@ class ConversionPlan:
 
     @property
     def write_bytes(self) -> int:
-        return sum(f.bytes or 0 for f in self.shards) + self.other_write_bytes
+        """Bytes of every file written (the sum of ``shards`` and ``files``; at most this)."""
+        return sum(f.bytes or 0 for f in (*self.shards, *self.files))
 
     @property
     def problems(self) -> list[str]:
@@ -131,12 +139,16 @@ class ConversionPlan:
         for f in self.reads:
             state = "" if f.cached is None else " (in the cache)" if f.cached else " (to download)"
             lines.append(f"    {f.name}: {'size unknown' if f.bytes is None else format_bytes(f.bytes)}{state}")
-        lines.append(f"  write: {plural(len(self.shards), 'shard')}, {format_bytes(self.write_bytes)} in all, in {self.written_in}"
+        written = [*self.shards, *self.files]
+        bound = "" if all(f.exact for f in written) else "at most "
+        lines.append(f"  write: {plural(len(written), 'file')} ({plural(len(self.shards), 'shard')}), {bound}"
+                     f"{format_bytes(self.write_bytes)} ({self.write_bytes:,} bytes) in all, in {self.written_in}"
                      + (f" (replacing {len(self.replaces)} entries of an earlier output)" if self.replaces else ""))
-        lines += [f"    {f.name}: {format_bytes(f.bytes or 0)}" for f in self.shards]
+        lines += [f"    {f.name}: {'' if f.exact else 'at most '}{format_bytes(f.bytes or 0)}" for f in written]
         for check in self.space:
-            lines.append(f"  free space: {format_bytes(check.free)} on the filesystem holding {check.path}; "
-                         f"{check.what} needs {format_bytes(check.needed)}{' — SHORT' if check.short else ''}")
+            lines.append(f"  free space: {format_bytes(check.free)} ({check.free:,} bytes) on the filesystem holding "
+                         f"{check.path}; {check.what} needs {format_bytes(check.needed)} ({check.needed:,} bytes) "
+                         f"on disk{' — SHORT' if check.short else ''}")
         memory = f" of {format_bytes(self.memory_total)}" if self.memory_total else ""
         lines.append(f"  expected peak memory: {format_bytes(self.peak_memory)}{memory} (an upper estimate)")
         lines.append("  OK: the conversion fits" if self.ok else "  REFUSED: " + "; ".join(self.problems))
@@ -186,13 +198,17 @@ def plan_conversion(*, source: str, source_format: str | None, writer: Checkpoin
     ``download_dir``). Free space is checked per filesystem: the output and the download are
     added up when they share one."""
     layout = writer.layout
-    shards = [PlannedFile(name, size) for name, size in writer.shard_sizes.items()]
-    total = writer.planned_bytes()
-    other = total - sum(writer.shard_sizes.values())
+    planned = writer.planned_files()
+    shards = [PlannedFile(name, size) for name, size in planned.items() if name in writer.shard_sizes]
+    bounded = {fmt.INDEX_FILE, *writer.reserved}
+    files = [PlannedFile(name, planned[name], exact=name not in bounded)
+             for name in sorted(planned) if name not in writer.shard_sizes]
     where = writer.target.existing_ancestor()
     needs: dict[Any, SpaceCheck] = {}
-    needs[_device(where) or where] = SpaceCheck(where, total, free_bytes(where), f"the output ({plural(len(shards), 'shard')})")
-    pending = sum(f.bytes or 0 for f in reads if f.cached is False)
+    needs[_device(where) or where] = SpaceCheck(where, space_needed(planned.values(), where), free_bytes(where),
+                                                f"the output ({plural(len(planned), 'file')})")
+    pending_files = [f.bytes or 0 for f in reads if f.cached is False]
+    pending = space_needed(pending_files, download_dir) if pending_files and download_dir is not None else 0
     if pending and download_dir is not None:
         key = _device(download_dir) or download_dir
         if key in needs:
@@ -204,7 +220,7 @@ def plan_conversion(*, source: str, source_format: str | None, writer: Checkpoin
         source=source, source_format=source_format, out=writer.out, written_in=writer.target.work_parent,
         replaces=list(writer.target.replaced), profile=writer.profile, layers=layout.dims.num_hidden_layers,
         padded_hidden_size=layout.padded_hidden_size, padded_intermediate_size=layout.padded_intermediate_size,
-        reads=reads, shards=shards, other_write_bytes=other,
+        reads=reads, shards=shards, files=files,
         peak_memory=peak_memory(source_format or "hf-mxfp4", layout), memory_total=_memory_total(),
         space=list(needs.values()), download_dir=download_dir,
     )

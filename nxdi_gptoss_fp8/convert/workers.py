@@ -362,7 +362,11 @@ class ShardFiles:
         planned, raw = planned_bytes(self.planned, name, data, offset)
         if planned.shard not in self._fds:
             self._fds[planned.shard] = os.open(os.path.join(self.tmp, planned.shard), os.O_WRONLY | os.O_CLOEXEC)
-        pwrite_all(self._fds[planned.shard], raw, planned.offset + offset)
+        try:
+            pwrite_all(self._fds[planned.shard], raw, planned.offset + offset)
+        except OSError as exc:  # the file being written named (a pwrite error names none)
+            exc.filename = exc.filename or os.path.join(self.tmp, planned.shard)
+            raise
         self.written[name] = self.written.get(name, 0) + raw.nbytes
 
 

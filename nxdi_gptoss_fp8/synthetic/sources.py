@@ -7,17 +7,23 @@ top-level HF set named by ``model.safetensors.index.json`` and, by default, an `
 directory beside it holding a decoy OpenAI-layout set whose values must never reach a converted
 output. A legacy source holds the weights of a normalized checkpoint in NxDI's ``block.N`` layout
 with FP8 experts and per-(expert, row) scales.
+
+Every writer writes its directory whole (``output_target.staged_output``): into a hidden work
+folder, moved into place at the end; an existing non-empty directory is replaced only with
+``overwrite=True`` and only when it is recognized as an earlier source of the same kind
+(anything else is refused, never emptied); a failure leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file as _save_file
+from safetensors.torch import save as _serialize
 
 from .. import format as fmt
 from ..convert import (
@@ -31,7 +37,8 @@ from ..convert import (
 )
 from ..convert.fp8 import FP8_DTYPE
 from ..convert.mxfp4 import BLOCK_SIZE
-from .tiny_stdlib import SOURCE_DIMS, check_seed, tiny_layout
+from ..output_target import SOURCE, staged_output
+from .tiny_stdlib import SOURCE_DIMS, check_seed, count_problems, dims_problems
 
 MXFP4_QUANTIZATION_CONFIG = {
     "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
@@ -120,17 +127,26 @@ def current_umask() -> int:
 
 
 def save_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
-    """safetensors' ``save_file`` with the file mode every other file gets (0666 less the umask):
-    safetensors creates its files 0600, which would make a source only its writer can read."""
-    _save_file(tensors, path, metadata=metadata)
+    """safetensors' serialization written with Python's own file calls, so a full disk is an
+    ``OSError`` naming the file, with the file mode every other file gets (0666 less the umask;
+    safetensors' ``save_file`` creates its files 0600, which would make a source only its writer
+    can read)."""
+    data = _serialize(tensors, metadata=metadata)
+    with open(path, "wb") as handle:
+        handle.write(data)
     os.chmod(path, 0o666 & ~current_umask())
 
 
 def write_indexed(root: str | os.PathLike[str], tensors: dict[str, torch.Tensor], config: dict, *,
-                  shards: int | str = 2) -> Path:
-    """Write ``config.json``, the shards ``model-0000N-of-0000M.safetensors`` and the index."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+                  shards: int | str = 2, overwrite: bool = False) -> Path:
+    """Write ``config.json``, the shards ``model-0000N-of-0000M.safetensors`` and the index,
+    whole (``overwrite``: an earlier source of the kind these tensors make may be replaced)."""
+    with staged_output(root, overwrite=overwrite, kind=SOURCE) as work:
+        _write_indexed(Path(work), tensors, config, shards=shards)
+    return Path(root)
+
+
+def _write_indexed(root: Path, tensors: dict[str, torch.Tensor], config: dict, *, shards: int | str) -> None:
     (root / fmt.CONFIG_FILE).write_text(json.dumps(config, indent=2))
     groups = shard_groups(list(tensors), shards)
     weight_map = {}
@@ -140,21 +156,22 @@ def write_indexed(root: str | os.PathLike[str], tensors: dict[str, torch.Tensor]
         weight_map.update(dict.fromkeys(part, file_name))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     (root / fmt.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    return root
 
 
 def write_source(root: str | os.PathLike[str], tensors: dict[str, torch.Tensor], config: dict, *,
-                 shards: int | str = 2, original: bool = True) -> Path:
-    """Write an HF checkpoint directory: config, sharded safetensors, index, and the original/ decoy."""
-    root = write_indexed(root, tensors, config, shards=shards)
-    if original:
-        write_original_decoy(root / "original", config)
-    return root
+                 shards: int | str = 2, original: bool = True, overwrite: bool = False, kind: str = SOURCE) -> Path:
+    """Write an HF checkpoint directory whole: config, sharded safetensors, index, and the
+    original/ decoy (``overwrite``: an earlier source of ``kind`` may be replaced)."""
+    with staged_output(root, overwrite=overwrite, kind=kind) as work:
+        _write_indexed(Path(work), tensors, config, shards=shards)
+        if original:
+            _write_original_decoy(Path(work) / "original", config)
+    return Path(root)
 
 
-def write_original_decoy(directory: Path, config: dict) -> None:
+def _write_original_decoy(directory: Path, config: dict) -> None:
     """An OpenAI-layout set whose values would poison the output if it were ever read."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir()
     (directory / fmt.CONFIG_FILE).write_text(json.dumps({"num_hidden_layers": config["num_hidden_layers"]}))
     save_file({"embedding.weight": torch.full((4, 4), 1e30, dtype=torch.bfloat16),
                "block.0.mlp.mlp1_weight.blocks": torch.full((4, 4), 255, dtype=torch.uint8)},
@@ -164,21 +181,30 @@ def write_original_decoy(directory: Path, config: dict) -> None:
 
 def check_source_dims(dims: fmt.ModelDims, kind: str) -> None:
     """``ValueError`` naming every reason ``convert`` would refuse a source of ``kind`` with these
-    dimensions, or the result would not be a valid checkpoint (``tiny_stdlib.tiny_layout``: the
-    format's bounds, whole MXFP4 blocks, a tiny size); before any tensor is made."""
-    tiny_layout(dims, None, None, block=BLOCK_SIZE if kind == SOURCE_MXFP4 else None)
+    dimensions, or the result would not be a valid checkpoint (``tiny_stdlib.dims_problems``: the
+    format's bounds, whole MXFP4 blocks), or the source is not tiny (``tiny_stdlib.count_problems``,
+    counted on the source's own tensors); before any tensor is made."""
+    problems = dims_problems(dims, block=BLOCK_SIZE if kind == SOURCE_MXFP4 else None)
+    if not problems:
+        specs = source_specs(dims, kind, {"expert_names": "mlp.experts."})
+        size = sum(math.prod(spec.shape) * fmt.DTYPE_BITS[spec.dtypes[0]] // 8 for spec in specs.values())
+        problems = count_problems(len(specs), size, "a tiny source")
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def make_source(root: str | os.PathLike[str], kind: str = SOURCE_MXFP4, *, dims: fmt.ModelDims = SOURCE_DIMS,
                 seed: int = 0, scale_range: tuple[int, int] = EXACT_SCALE_RANGE, shards: int | str = 2,
-                original: bool = True) -> Path:
+                original: bool = True, overwrite: bool = False) -> Path:
     """A complete synthetic source of ``kind`` at ``root`` (compressed-tensors: variant A, see
-    ``make_compressed_tensors_source``)."""
+    ``make_compressed_tensors_source``); ``overwrite`` replaces an earlier source of ``kind`` only."""
     if kind == SOURCE_COMPRESSED_TENSORS:
-        return make_compressed_tensors_source(root, dims=dims, seed=seed, shards=shards if isinstance(shards, int) else 3)
+        return make_compressed_tensors_source(root, dims=dims, seed=seed, shards=shards if isinstance(shards, int) else 3,
+                                              overwrite=overwrite)
     check_source_dims(dims, kind)
     tensors = source_tensors(dims, kind, seed=check_seed(seed), scale_range=scale_range)
-    return write_source(root, tensors, source_config(dims, kind), shards=shards, original=original)
+    return write_source(root, tensors, source_config(dims, kind), shards=shards, original=original,
+                        overwrite=overwrite, kind=kind)
 
 
 # --------------------------------------------------------------------------- compressed-tensors FP8 (llm-compressor)
@@ -254,17 +280,22 @@ def compressed_tensors_tensors(hf_bf16: dict[str, torch.Tensor], dims: fmt.Model
 
 
 def write_transformers_shards(root: str | os.PathLike[str], tensors: dict[str, torch.Tensor], config: dict, *,
-                              shards: int = 3) -> Path:
-    """Write a checkpoint the way transformers' ``save_pretrained`` does: ``config.json``,
+                              shards: int = 3, overwrite: bool = False, kind: str = SOURCE) -> Path:
+    """Write a checkpoint the way transformers' ``save_pretrained`` does, whole: ``config.json``,
     ``model-0000k-of-0000n.safetensors`` (metadata ``{"format": "pt"}``) and an index with
     ``total_parameters``/``total_size`` — or one ``model.safetensors`` for ``shards=1``. Every
-    ``weight_scale`` goes to the last shard, so weights and their scales sit in different files."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    ``weight_scale`` goes to the last shard, so weights and their scales sit in different files.
+    ``overwrite``: an earlier source of ``kind`` may be replaced."""
+    with staged_output(root, overwrite=overwrite, kind=kind) as work:
+        _write_transformers_shards(Path(work), tensors, config, shards=shards)
+    return Path(root)
+
+
+def _write_transformers_shards(root: Path, tensors: dict[str, torch.Tensor], config: dict, *, shards: int) -> None:
     (root / fmt.CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
     if shards == 1:
         save_file({n: t.contiguous() for n, t in tensors.items()}, str(root / "model.safetensors"), metadata={"format": "pt"})
-        return root
+        return
     scales = sorted(name for name in tensors if name.endswith(".weight_scale"))
     groups = [*shard_groups([name for name in tensors if name not in set(scales)], shards - 1), scales]
     weight_map = {}
@@ -276,21 +307,21 @@ def write_transformers_shards(root: str | os.PathLike[str], tensors: dict[str, t
                 "total_size": sum(t.numel() * t.element_size() for t in tensors.values())}
     (root / fmt.INDEX_FILE).write_text(json.dumps({"metadata": metadata, "weight_map": weight_map}, indent=2,
                                                   sort_keys=True))
-    return root
 
 
 def make_compressed_tensors_source(root: str | os.PathLike[str], *, dims: fmt.ModelDims = SOURCE_DIMS, seed: int = 0,
                                    split: str = SPLIT_INTERLEAVED, nested: bool = False,
-                                   transformers_version: str = "4.57.1", shards: int = 3) -> Path:
+                                   transformers_version: str = "4.57.1", shards: int = 3,
+                                   overwrite: bool = False) -> Path:
     """A synthetic compressed-tensors FP8_DYNAMIC GPT-OSS source at ``root``, derived from the
     HF BF16 source of the same ``seed``. Variants: A (default: ``experts.E``, even/odd,
     transformers 4.x), B (``nested=True``), C (``split="halves"``, transformers 5.x), D
-    (even/odd, transformers 5.x)."""
+    (even/odd, transformers 5.x). ``overwrite`` replaces an earlier compressed-tensors source only."""
     check_source_dims(dims, SOURCE_COMPRESSED_TENSORS)
     tensors = compressed_tensors_tensors(source_tensors(dims, SOURCE_BF16, seed=check_seed(seed)), dims, split=split,
                                          nested=nested)
     return write_transformers_shards(root, tensors, compressed_tensors_config(dims, transformers_version=transformers_version),
-                                     shards=shards)
+                                     shards=shards, overwrite=overwrite, kind=SOURCE_COMPRESSED_TENSORS)
 
 
 def load_source(root: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
@@ -343,10 +374,14 @@ def legacy_fp8_tensors(normalized: str | os.PathLike[str]) -> dict[str, torch.Te
 
 
 def write_legacy_fp8(out: str | os.PathLike[str], normalized: str | os.PathLike[str], *,
-                     shards: int | str = 2) -> Path:
-    """A legacy FP8 checkpoint at ``out`` holding the weights of ``normalized``, with its config."""
+                     shards: int | str = 2, overwrite: bool = False) -> Path:
+    """A legacy FP8 checkpoint at ``out`` holding the weights of ``normalized``, with its config
+    (``overwrite``: an earlier legacy FP8 checkpoint may be replaced)."""
     config = json.loads((Path(normalized) / fmt.CONFIG_FILE).read_text())
-    return write_indexed(out, legacy_fp8_tensors(normalized), config, shards=shards)
+    tensors = legacy_fp8_tensors(normalized)
+    with staged_output(out, overwrite=overwrite, kind="nxdi-legacy-fp8") as work:
+        _write_indexed(Path(work), tensors, config, shards=shards)
+    return Path(out)
 
 
 __all__ = ["EXACT_SCALE_RANGE", "PER_LAYER", "REALISTIC_SCALE_RANGE", "SOURCE_BF16", "SOURCE_COMPRESSED_TENSORS",

@@ -73,7 +73,8 @@ def make_tiny(
     """Write a valid tiny normalized checkpoint to ``out`` (custom profile unless the
     dimensions are a published profile's); returns the directory. ``ValueError`` before anything
     is written when the dimensions, padded sizes, size or seed are not ones it can write
-    (``tiny_stdlib.tiny_layout``)."""
+    (``tiny_stdlib.tiny_layout``). ``overwrite`` replaces only an earlier normalized output
+    (``output_target.output_target``); anything else is a ``ConversionError``, nothing removed."""
     layout = tiny_layout(dims, padded_hidden_size, padded_intermediate_size)  # ValueError before any work
     return write_tiny(out, layout, tiny_tensors(layout, seed=check_seed(seed)).items(), generator="nxdi-gptoss-fp8 make-tiny",
                       seed=seed, max_shard_size=max_shard_size, overwrite=overwrite)

@@ -22,7 +22,7 @@ from ..writer import CheckpointWriter
 
 __all__ = [
     "MAX_TINY_BYTES", "MAX_TINY_TENSORS", "SEED_RANGE", "SOURCE_DIMS", "TINY_DIMS", "TINY_MAX_SHARD_SIZE",
-    "check_seed", "dims_problems", "make_tiny_stdlib", "size_problems", "tensor_bytes", "tiny_layout", "write_tiny",
+    "check_seed", "count_problems", "dims_problems", "make_tiny_stdlib", "size_problems", "tensor_bytes", "tiny_layout", "write_tiny",
 ]
 
 TINY_DIMS = fmt.ModelDims(
@@ -99,9 +99,15 @@ def size_problems(layout: fmt.Layout) -> list[str]:
     tensors = len(fmt.global_specs(layout)) + layout.dims.num_hidden_layers * len(per_layer)
     size = sum(spec.nbytes for spec in fmt.global_specs(layout)) + layout.dims.num_hidden_layers * sum(
         spec.nbytes for spec in per_layer)
+    return count_problems(tensors, size)
+
+
+def count_problems(tensors: int, size: int, what: str = "a tiny checkpoint") -> list[str]:
+    """Why ``tensors`` tensors of ``size`` bytes in all are too many for ``what`` (the tiny caps,
+    counted on what is written: the normalized checkpoint, or the source for a source writer)."""
     if tensors <= MAX_TINY_TENSORS and size <= MAX_TINY_BYTES:
         return []
-    return [f"these dimensions mean {tensors:,} tensors and {size:,} bytes, more than a tiny checkpoint's "
+    return [f"these dimensions mean {tensors:,} tensors and {size:,} bytes, more than {what}'s "
             f"{MAX_TINY_TENSORS:,} tensors and {MAX_TINY_BYTES:,} bytes: for a full-size layout use "
             "scripts/sparse_checkpoint.py (no data written), or convert a real checkpoint"]
 
@@ -151,7 +157,8 @@ def make_tiny_stdlib(
     seed: int = 0,
     overwrite: bool = False,
 ) -> str:
-    """Write a valid tiny normalized checkpoint to ``out`` without torch; returns the directory."""
+    """Write a valid tiny normalized checkpoint to ``out`` without torch; returns the directory.
+    ``overwrite`` replaces only an earlier normalized output (``output_target.output_target``)."""
     layout = tiny_layout(dims, padded_hidden_size, padded_intermediate_size)
     rng = random.Random(check_seed(seed))
     tensors = ((name, tensor_bytes(spec, layout, rng)) for name, spec in fmt.expected_namespace(layout).items())
