@@ -100,16 +100,8 @@ def source_license(root: str, config: Mapping[str, Any]) -> str | None:
 
 def loading_neuron_config(layout: fmt.Layout, path: str = "/path/to/this/directory") -> dict[str, Any]:
     """The NeuronConfig attributes that load this checkpoint through the hook (``--neuron-config``)."""
-    return {
-        "quantized": True,
-        "quantized_checkpoints_path": path,
-        "quantization_type": fmt.QUANTIZATION_TYPE,
-        "quantization_dtype": fmt.QUANTIZATION_DTYPE,
-        "modules_to_not_convert": ["lm_head", "self_attn"],
-        "padded_hidden_size": layout.padded_hidden_size,
-        "padded_intermediate_size": layout.padded_intermediate_size,
-        "checkpoint_format": "normalized_fp8",
-    }
+    keys = neuron_config_keys(path, layout.padded_hidden_size, layout.padded_intermediate_size)
+    return {**keys, "checkpoint_format": "normalized_fp8"}
 
 
 def _tp_degrees(padded_intermediate: int) -> str:

@@ -98,10 +98,10 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 @contextmanager
-def installed(src: str) -> Iterator[None]:
-    """Make NxDI importable from the source tree ``src`` with the Neuron packages stubbed."""
+def installed(src: str, roots: tuple[str, ...] = STUBBED) -> Iterator[None]:
+    """Make NxDI importable from the source tree ``src`` with the packages ``roots`` stubbed."""
     before = set(sys.modules)
-    finder = _Finder()
+    finder = _Finder(roots)
     sys.meta_path.insert(0, finder)
     sys.path.insert(0, src)
     try:
