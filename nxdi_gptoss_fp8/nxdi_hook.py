@@ -39,6 +39,7 @@ from typing import Any
 from . import format as fmt
 from .errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError, refusals_stop_the_start
 from .nxdi_presharded import SHARD_SOURCES, fingerprint_or_none, record_source, wrap_load_weights, wrap_shard_weights
+from .recipes import vllm_hint
 from .validate.findings import PreflightReport
 from .validate.pipeline import allow_custom_from_env, preflight
 
@@ -157,7 +158,7 @@ def checked_preflight(path: str, config: Any) -> PreflightReport:
         logger.info("normalized FP8 checkpoint %s passed the preflight (%d tensors, %d shards, %.1f ms)",
                     path, report.tensors, report.shards, report.elapsed_s * 1000)
         return report
-    hint = wrong_format_hint(path)
+    hint = wrong_format_hint(path) or vllm_hint(report, path)
     logger.error("normalized FP8 checkpoint %s failed the preflight:\n%s", path,
                  f"{hint}\n{report.render_text()}" if hint else report.render_text())
     raise PreflightError(report, hint=hint)

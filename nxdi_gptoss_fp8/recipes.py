@@ -22,7 +22,8 @@ from . import format as fmt
 
 __all__ = [
     "DEFAULT_VLLM_SETTINGS", "MODULES_TO_NOT_CONVERT", "QUANTIZATION_KEYS", "VLLM_ADDITIONAL_CONFIG_FLAG",
-    "VLLM_OVERRIDE_KEY", "inference_demo_argv", "modules_file", "neuron_config_keys", "vllm_hint", "vllm_override",
+    "VLLM_OVERRIDE_KEY", "inference_demo_argv", "modules_file", "neuron_config_keys", "vllm_command", "vllm_hint",
+    "vllm_override",
 ]
 
 MODULES_TO_NOT_CONVERT = ("lm_head", "self_attn")  # NxD's substring rule: attention and lm_head stay BF16
@@ -32,7 +33,7 @@ VLLM_ADDITIONAL_CONFIG_FLAG = "--additional-config"
 QUANTIZATION_KEYS = ("quantized", "quantized_checkpoints_path", "quantization_type", "quantization_dtype",
                      "modules_to_not_convert", "padded_hidden_size", "padded_intermediate_size")
 # the vLLM settings of the README's recipe besides the override (what one host serves)
-DEFAULT_VLLM_SETTINGS = {"tensor_parallel_size": 64, "max_model_len": 8192, "max_num_seqs": 4, "block_size": 32}
+DEFAULT_VLLM_SETTINGS = {"tensor_parallel_size": 64, "max_model_len": 8192, "max_num_seqs": 4}
 
 
 def neuron_config_keys(checkpoint: str, padded_hidden_size: int, padded_intermediate_size: int) -> dict[str, Any]:
@@ -51,6 +52,24 @@ def neuron_config_keys(checkpoint: str, padded_hidden_size: int, padded_intermed
 def vllm_override(checkpoint: str, padded_hidden_size: int, padded_intermediate_size: int) -> dict[str, Any]:
     """``--additional-config``'s JSON for vLLM: every FP8 key explicit under ``override_neuron_config``."""
     return {VLLM_OVERRIDE_KEY: neuron_config_keys(checkpoint, padded_hidden_size, padded_intermediate_size)}
+
+
+def vllm_command(checkpoint: str, compiled: str, tiktoken_dir: str, padded_hidden_size: int,
+                 padded_intermediate_size: int, *, tensor_parallel_size: int = DEFAULT_VLLM_SETTINGS["tensor_parallel_size"],
+                 max_model_len: int = DEFAULT_VLLM_SETTINGS["max_model_len"],
+                 max_num_seqs: int = DEFAULT_VLLM_SETTINGS["max_num_seqs"]) -> str:
+    """The vLLM recipe as shell lines: the three environment variables, then ``vllm serve`` with the
+    full ``--additional-config`` (the README's block and the card's are this text)."""
+    override = json.dumps(vllm_override(checkpoint, padded_hidden_size, padded_intermediate_size))
+    return "\n".join([
+        "export CHECKPOINT_FORMAT=normalized_fp8",
+        f"export NEURON_COMPILED_ARTIFACTS={shlex.quote(compiled)}",
+        f"export TIKTOKEN_ENCODINGS_BASE={shlex.quote(tiktoken_dir)}",
+        f"vllm serve {shlex.quote(checkpoint)} \\",
+        f"  --tensor-parallel-size {tensor_parallel_size} --max-model-len {max_model_len} --max-num-seqs {max_num_seqs} "
+        "--no-enable-prefix-caching \\",
+        f"  {VLLM_ADDITIONAL_CONFIG_FLAG} {shlex.quote(override)}",
+    ])
 
 
 def modules_file() -> dict[str, Any]:

@@ -25,9 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 import ckpt_edit
 import nxdi_standin
 
-from nxdi_gptoss_fp8 import cli, nxdi_hook, vllm_plugin
+from nxdi_gptoss_fp8 import cli, errors, nxdi_hook, vllm_plugin
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8 import errors
 from nxdi_gptoss_fp8.errors import (
     CheckpointFormatError,
     IntegrityError,

@@ -21,6 +21,7 @@ from .. import format as fmt
 from .._version import __version__
 from ..errors import NotRegularFileError
 from ..hub import is_repo_id
+from ..recipes import neuron_config_keys, vllm_command
 from ..safeio.files import open_regular
 from ..writer import CheckpointWriter
 from .output import ConversionReport
@@ -172,6 +173,16 @@ through the package's plugin entry point), and give NxDI these NeuronConfig sett
 ```
 
 `tp_degree` must divide the padded intermediate size {layout.padded_intermediate_size} ({_tp_degrees(layout.padded_intermediate_size)} do).
+
+With vLLM (the NxDI-backed `vllm-neuron`, run against its 0.1.0 and 0.2.0 loaders; Neuron SDK 2.31 or
+earlier images), from a local copy of this directory, compiled artifacts on persistent storage outside
+it, and Harmony's `o200k_base.tiktoken` in `TIKTOKEN_ENCODINGS_BASE`
+(`nxdi-gptoss-fp8 doctor -- vllm serve ...` checks all of it first):
+
+```bash
+{vllm_command("/data/models/this-directory", "/data/neuron-compiled/this-directory", "/data/tiktoken",
+              layout.padded_hidden_size, layout.padded_intermediate_size)}
+```
 
 ## Validate it
 
