@@ -35,8 +35,7 @@ __all__ = ["ARCHITECTURE", "RUN_AGAINST", "logger", "register_plugin", "vllm_mod
 logger = logging.getLogger(__name__)
 
 ARCHITECTURE = "GptOssForCausalLM"  # config.json's architectures[0]
-# the vllm-project/vllm-neuron release tags whose own loader the client tests run through the hook
-RUN_AGAINST = ("0.1.0", "0.2.0")
+RUN_AGAINST = support.VLLM_NEURON_RUN_AGAINST  # the vllm-neuron releases whose loader the client tests run
 
 
 def vllm_model_type(architecture: str = ARCHITECTURE) -> tuple[str, str]:
