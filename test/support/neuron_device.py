@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,15 +117,17 @@ def installed(application_base: Any) -> Iterator[Device]:
             return real_load(f, *args, **kwargs)
         return TracedModel(data["tags"])
 
-    saved_builder = application_base.ModelBuilder
+    saved_builder, saved_hlo_utils = application_base.ModelBuilder, application_base.hlo_utils
     DEVICE.loads.clear()
     DEVICE.traces = DEVICE.checkpoint_loads = 0
     application_base.ModelBuilder = ModelBuilder
+    # NxD's trace.hlo_utils: shard_weights reads this constant (NxD 0.18 gives it this value)
+    application_base.hlo_utils = types.SimpleNamespace(NXD_LAYOUT_TRANSFORMATION_OPTIONS="NXD_LAYOUT_TRANSFORMATION_OPTIONS")
     torch.jit.save, torch.jit.load = save, load
     try:
         yield DEVICE
     finally:
-        application_base.ModelBuilder = saved_builder
+        application_base.ModelBuilder, application_base.hlo_utils = saved_builder, saved_hlo_utils
         torch.jit.save, torch.jit.load = real_save, real_load
 
 
