@@ -87,7 +87,7 @@ def test_the_vllm_hint_names_vllms_key_and_the_json_to_add(codes: tuple[str, ...
 
 @pytest.mark.parametrize(("codes", "modules"), [
     (("neuron_config.not_quantized",), {}),  # not under vLLM: NxDI's names say it
-    (("scales.bad_scale",), VLLM_LOADED),  # nothing vLLM's override can fix
+    (("values.bad_scale",), VLLM_LOADED),  # nothing vLLM's override can fix
 ])
 def test_no_vllm_hint_where_it_does_not_help(codes: tuple[str, ...], modules: dict[str, types.ModuleType]) -> None:
     assert recipes.vllm_hint(_report(*codes), "/ckpt", modules) is None
