@@ -228,7 +228,7 @@ def lint_serving_host(command: Sequence[str] = (), environ: Mapping[str, str] | 
     if words:
         _model(model, findings)
         override = _override(options, findings)
-        if override is not None:
-            _override_keys(override, model, findings)
+        if override is not None:  # (a model that is no directory has its own finding)
+            _override_keys(override, model if model is not None and os.path.isdir(model) else None, findings)
     _environment(env, model, bool(words) and VLLM_ADDITIONAL_CONFIG_FLAG in options, findings)
     return HostReport(words, model, findings)
