@@ -110,7 +110,7 @@ def test_the_readme_recipe_starts_and_loads_the_normalized_checkpoint(
     stack: SimpleNamespace, ckpt: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     environ, argv = recipe(ckpt, tmp_path)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="nxdi_gptoss_fp8"):
         model = start(stack, argv, environ)
     assert model.model.config.neuron_config.quantization_dtype == fmt.QUANTIZATION_DTYPE
     assert stack.device.traces == 1 and len(stack.device.loads) == 1

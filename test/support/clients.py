@@ -69,7 +69,7 @@ def real_nxdi() -> Iterator[SimpleNamespace]:
     """NxDI from ``NXDI_SRC`` (Neuron packages stubbed, transformers real), the compiler and device
     stood in; ``sys.modules`` and the stand-ins restored after."""
     src = nxdi_source()
-    with neuron_stubs.installed(src, CLIENT_STUBBED):
+    with neuron_stubs.installed(src, CLIENT_STUBBED, keep=("torch", "transformers")):
         application_base = importlib.import_module("neuronx_distributed_inference.models.application_base")
         modeling: ModuleType = importlib.import_module("neuronx_distributed_inference.models.gpt_oss.modeling_gpt_oss")
         constants = importlib.import_module("neuronx_distributed_inference.utils.constants")
