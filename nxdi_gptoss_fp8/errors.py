@@ -1,14 +1,25 @@
-"""The package's exception types. Every message says what is wrong, where, and how to fix it."""
+"""The package's exception types. Every message says what is wrong, where, and how to fix it.
+
+What a client catches: vllm-neuron's ``_load_weights_common`` catches ``(FileNotFoundError,
+ValueError)`` around the load of precompiled artifacts and compiles again ("Recompiling..."). So no
+error of ours may leave the hook as one of those: every type raised at load time derives from
+neither ``ValueError`` nor ``OSError``, and the two that must stay so for library callers
+(``ConfigError`` a ``ValueError``, ``NotRegularFileError`` an ``OSError``), like any ``ValueError`` /
+``OSError`` met while the hook runs our code, are re-raised at the hook boundary as
+``LoadRefusedError`` (``refusals_stop_the_start``), the original as its ``__cause__``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 __all__ = [
-    "CheckpointFormatError", "ConfigError", "ConversionError", "CpuModelError", "FailedReportError",
-    "IntegrityError", "LoadError", "MissingDependencyError", "NotRegularFileError", "NxdiGptossFp8Error",
-    "OutputWriteError", "PreflightError", "RegistrationError", "ReportBindingError", "ShardedWeightsError",
+    "CLIENT_CAUGHT", "CheckpointFormatError", "ConfigError", "ConversionError", "CpuModelError", "FailedReportError",
+    "IntegrityError", "LoadError", "LoadRefusedError", "MissingDependencyError", "NotRegularFileError",
+    "NxdiGptossFp8Error", "OutputWriteError", "PreflightError", "RegistrationError", "ReportBindingError",
+    "ShardedWeightsError", "refusals_stop_the_start",
 ]
 
 
@@ -83,6 +94,29 @@ class ShardedWeightsError(IntegrityError):
 
 class LoadError(NxdiGptossFp8Error):
     """The checkpoint cannot be loaded as asked (a wrong call, not a malformed checkpoint)."""
+
+
+class LoadRefusedError(LoadError):
+    """A refusal met while the hook ran our code that was a ``ValueError`` or ``OSError`` (a
+    ``ConfigError``, a ``NotRegularFileError``, a file that vanished), re-raised as this type so a
+    client's ``except (FileNotFoundError, ValueError)`` cannot mistake it for missing precompiled
+    artifacts and recompile: the start stops with the message. ``__cause__`` is the original."""
+
+
+# what clients catch around a load and turn into a recompile (vllm-neuron 0.1-0.2's
+# _load_weights_common: FileNotFoundError, ValueError; OSError covers FileNotFoundError's siblings)
+CLIENT_CAUGHT: tuple[type[BaseException], ...] = (ValueError, OSError)
+
+
+@contextmanager
+def refusals_stop_the_start() -> Iterator[None]:
+    """Run our part of a hooked NxDI call; a ``CLIENT_CAUGHT`` error leaves as ``LoadRefusedError``
+    (same message; a foreign exception's type is named in it)."""
+    try:
+        yield
+    except CLIENT_CAUGHT as exc:
+        text = str(exc) if isinstance(exc, NxdiGptossFp8Error) else f"{type(exc).__name__}: {exc}"
+        raise LoadRefusedError(text) from exc
 
 
 class ReportBindingError(LoadError):

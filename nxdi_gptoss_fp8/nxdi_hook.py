@@ -2,25 +2,21 @@
 
 ``register()`` patches ``NeuronGptOssForCausalLM`` in place, so every way of reaching it sees
 the hook: direct imports, ``utils.constants.MODEL_TYPES["gpt_oss"]["causal-lm"]`` (the same
-class object; what vllm-neuron looks up) and NxDI's ``inference_demo`` (given a ``gpt_oss``
-entry when it is loaded). Each wrapped method decides the mode at call time, as NxDI does:
-
-* normalized mode → our path: preflight with NxDI's config (every finding raised, never a
-  fallback), then the zero-copy loader (``loader.load_checkpoint``) given that report and the
-  same config object, so the report's binding matches;
-* any other value → the original NxDI method, called with the same arguments; its result is
-  returned untouched;
-* a misspelling of ``normalized_fp8`` or two contradicting opt-ins → ``CheckpointFormatError``.
+class object; vllm-neuron's lookup) and NxDI's ``inference_demo`` (given a ``gpt_oss`` entry when
+loaded). Each wrapped method decides the mode at call time, as NxDI does: normalized mode → our
+path (preflight with NxDI's config, every finding raised, never a fallback; then the zero-copy
+``loader.load_checkpoint`` given that report and the same config object); any other value → the
+original NxDI method, same arguments, result untouched; a misspelling of ``normalized_fp8`` or
+two contradicting opt-ins → ``CheckpointFormatError``. Our part of each call runs under
+``errors.refusals_stop_the_start``, so no refusal leaves as a ValueError/OSError a client turns
+into a recompile.
 
 The opt-in can also live in NxDI's config: ``neuron_config.checkpoint_format =
 "normalized_fp8"``. NxDI's ``NeuronConfig.__init__`` drops unknown keyword arguments with only a
-warning, so ``GptOssNeuronConfig.__init__`` is wrapped to keep that keyword, and the two load-time
-choices (``normalized_fp8_verify_at_load``, ``normalized_fp8_load_mode``), as attributes:
-NxDI serializes attributes into ``neuron_config.json`` and re-creates the config through the
-same ``__init__`` when compiled artifacts are loaded, so the opt-in survives the round trip.
-
-Pre-sharded weights (``save_sharded_checkpoint=True``): ``shard_weights`` and ``load_weights`` are
-wrapped by ``nxdi_presharded`` (the manifest written, then checked before NxDI reads a rank file).
+warning, so ``GptOssNeuronConfig.__init__`` is wrapped to keep that keyword and the two load-time
+choices (``normalized_fp8_verify_at_load``, ``normalized_fp8_load_mode``) as attributes, which
+NxDI's ``neuron_config.json`` round trip keeps. Pre-sharded weights: ``shard_weights`` and
+``load_weights`` are wrapped by ``nxdi_presharded``.
 
 Importing this module does not import NxDI; ``register()`` does.
 """
@@ -41,8 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import format as fmt
-from .errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError
+from .errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError, refusals_stop_the_start
 from .nxdi_presharded import SHARD_SOURCES, fingerprint_or_none, record_source, wrap_load_weights, wrap_shard_weights
+from .recipes import vllm_hint
 from .validate.findings import PreflightReport
 from .validate.pipeline import allow_custom_from_env, preflight
 
@@ -65,7 +62,7 @@ TASK_TYPE = "causal-lm"
 
 _MARK = "__nxdi_gptoss_fp8_original__"  # on each installed wrapper: the attribute it replaced
 _MISSING = object()  # "the class had no attribute of its own" (it was inherited)
-_DEMO_ENTRIES: list[dict[str, Any]] = []  # inference_demo.MODEL_TYPES dicts we added gpt_oss to
+_ADDED: list[tuple[dict[str, Any], str]] = []  # (a MODEL_TYPES dict, the key we added to it)
 
 
 # --------------------------------------------------------------------------- mode selection
@@ -94,7 +91,7 @@ def is_near_miss(value: str) -> bool:
     return difflib.SequenceMatcher(None, squashed, _squash(NORMALIZED_FP8)).ratio() >= 0.6
 
 
-def _near_miss_error(value: str, source: str) -> CheckpointFormatError:
+def near_miss_error(value: str, source: str) -> CheckpointFormatError:
     return CheckpointFormatError(
         f"{source}={value!r} is not a checkpoint format: did you mean {NORMALIZED_FP8!r}? "
         f"Set it to exactly {NORMALIZED_FP8} to load a normalized FP8 checkpoint, or to hf / legacy "
@@ -118,14 +115,14 @@ def normalized_mode(config: Any = None, environ: Mapping[str, str] | None = None
     env_value = env.get(ENV_VAR)
     env_normalized = env_value is not None and env_value.strip().lower() == NORMALIZED_FP8
     if env_value is not None and is_near_miss(env_value):
-        raise _near_miss_error(env_value, ENV_VAR)
+        raise near_miss_error(env_value, ENV_VAR)
     config_value = getattr(_neuron_config_of(config), CONFIG_ATTR, None) if config is not None else None
     if config_value is None or (isinstance(config_value, str) and not config_value.strip()):
         return env_normalized
     source = f"neuron_config.{CONFIG_ATTR}"
     if not isinstance(config_value, str) or config_value.strip().lower() != NORMALIZED_FP8:
         if isinstance(config_value, str) and is_near_miss(config_value):
-            raise _near_miss_error(config_value, source)
+            raise near_miss_error(config_value, source)
         raise CheckpointFormatError(
             f"{source}={config_value!r}: this setting only opts in to {NORMALIZED_FP8!r}; NxDI picks "
             f"its hf/legacy converters from the {ENV_VAR} environment variable, so remove it from "
@@ -161,7 +158,7 @@ def checked_preflight(path: str, config: Any) -> PreflightReport:
         logger.info("normalized FP8 checkpoint %s passed the preflight (%d tensors, %d shards, %.1f ms)",
                     path, report.tensors, report.shards, report.elapsed_s * 1000)
         return report
-    hint = wrong_format_hint(path)
+    hint = wrong_format_hint(path) or vllm_hint(report, path)
     logger.error("normalized FP8 checkpoint %s failed the preflight:\n%s", path,
                  f"{hint}\n{report.render_text()}" if hint else report.render_text())
     raise PreflightError(report, hint=hint)
@@ -226,7 +223,8 @@ def _wrap_get_state_dict(func: Callable[..., Any]) -> Callable[..., Any]:
             return func(cls, *args, **kwargs)  # let NxDI raise the caller's TypeError
         if not normalized_mode(bound["config"]):
             return func(cls, *args, **kwargs)
-        return normalized_state_dict(cls, bound["model_name_or_path"], bound["config"])
+        with refusals_stop_the_start():
+            return normalized_state_dict(cls, bound["model_name_or_path"], bound["config"])
 
     return get_state_dict
 
@@ -269,7 +267,8 @@ def _wrap_save_quantized(func: Callable[..., Any]) -> Callable[..., Any]:
         model_path = signature.bind_partial(cls, *args, **kwargs).arguments.get("model_path")
         path = _checkpoint_path(model_path, config)
         logger.info("normalized FP8 mode: not regenerating %s (already quantized); checking it instead", path)
-        checked_preflight(path, config)
+        with refusals_stop_the_start():
+            checked_preflight(path, config)
         return None
 
     return save_quantized_state_dict
@@ -284,7 +283,8 @@ def _wrap_generate_quantized(func: Callable[..., Any]) -> Callable[..., Any]:
             return func(cls, *args, **kwargs)
         model_path = signature.bind_partial(cls, *args, **kwargs).arguments.get("model_path")
         # the checkpoint is the quantized state dict: load it (after its preflight), never rebuild it
-        return normalized_state_dict(cls, _checkpoint_path(model_path, config), config)
+        with refusals_stop_the_start():
+            return normalized_state_dict(cls, _checkpoint_path(model_path, config), config)
 
     return generate_quantized_state_dict
 
@@ -399,13 +399,16 @@ def _model_types_entry(app: type) -> str | None:
     return f"{CONSTANTS_MODULE}.MODEL_TYPES[{MODEL_TYPE!r}][{TASK_TYPE!r}] is {registered!r}, not {APP_CLASS}"
 
 
-def _add_demo_entry(app: type) -> None:
-    """Give a loaded ``inference_demo`` a ``gpt_oss`` model type (it has none at NxDI 0.9)."""
-    demo = sys.modules.get(DEMO_MODULE)
-    model_types = getattr(demo, "MODEL_TYPES", None)
-    if isinstance(model_types, dict) and MODEL_TYPE not in model_types:
-        model_types[MODEL_TYPE] = {TASK_TYPE: app}
-        _DEMO_ENTRIES.append(model_types)
+def add_model_type_entry(model_types: Any, key: str, app: type) -> str | None:
+    """``model_types[key]`` (a ``MODEL_TYPES`` dict of NxDI's) made to reach ``app`` when absent, recorded
+    so ``unregister()`` removes it; None when it reaches ``app`` now, else why not (never replaced)."""
+    if not isinstance(model_types, dict):
+        return f"MODEL_TYPES is {type(model_types).__name__}, not a dict"
+    if key not in model_types:
+        model_types[key] = {TASK_TYPE: app}
+        _ADDED.append((model_types, key))
+    held = model_types[key].get(TASK_TYPE) if isinstance(model_types[key], dict) else model_types[key]
+    return None if isinstance(held, type) and issubclass(held, app) else f"MODEL_TYPES[{key!r}] holds {held!r}, not {APP_CLASS}"
 
 
 def register() -> None:
@@ -432,11 +435,12 @@ def register() -> None:
             if patch.wrap is not None:
                 _install(owners[patch.owner], patch)
         logger.info("registered the %s=%s hook on %s", ENV_VAR, NORMALIZED_FP8, APP_CLASS)
-    _add_demo_entry(owners["app"])
+    # a loaded inference_demo gets a gpt_oss model type (it has none at NxDI 0.9)
+    add_model_type_entry(getattr(sys.modules.get(DEMO_MODULE), "MODEL_TYPES", None), MODEL_TYPE, owners["app"])
 
 
 def unregister() -> None:
-    """Restore NxDI's original attributes exactly (and remove the demo entry we added)."""
+    """Restore NxDI's original attributes exactly (and remove the model-type entries we added)."""
     modeling = sys.modules.get(MODELING_MODULE)
     if modeling is None:
         return
@@ -451,10 +455,10 @@ def unregister() -> None:
             delattr(owner, patch.name)
         else:
             setattr(owner, patch.name, original)
-    while _DEMO_ENTRIES:
-        model_types = _DEMO_ENTRIES.pop()
-        if model_types.get(MODEL_TYPE, {}).get(TASK_TYPE) is owners["app"]:
-            del model_types[MODEL_TYPE]
+    while _ADDED:
+        model_types, key = _ADDED.pop()
+        if isinstance(model_types.get(key), dict) and model_types[key].get(TASK_TYPE) is owners["app"]:
+            del model_types[key]
 
 
 def is_registered() -> bool:
@@ -491,6 +495,6 @@ def run_inference_demo(argv: Sequence[str]) -> int:
 
 
 __all__ = [
-    "CONFIG_ATTR", "ENV_VAR", "KEPT_ATTRS", "NORMALIZED_FP8", "checked_preflight", "is_near_miss", "is_registered",
-    "normalized_mode", "register", "run_inference_demo", "unregister",
+    "CONFIG_ATTR", "ENV_VAR", "KEPT_ATTRS", "NORMALIZED_FP8", "add_model_type_entry", "checked_preflight", "is_near_miss",
+    "is_registered", "near_miss_error", "normalized_mode", "register", "run_inference_demo", "unregister",
 ]

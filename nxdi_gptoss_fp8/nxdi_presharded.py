@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .errors import IntegrityError
+from .errors import IntegrityError, refusals_stop_the_start
 
 __all__ = ["SHARD_SOURCES", "fingerprint_or_none", "record_source", "wrap_load_weights", "wrap_shard_weights"]
 
@@ -82,8 +82,9 @@ def wrap_shard_weights(func: Callable[..., Any], is_normalized: Callable[[Any], 
             return func(self, *args, **kwargs)  # let NxDI raise the caller's TypeError
         from .validate.presharded_manifest import Source, remove_manifest, source_fingerprint, write_manifest
 
-        if _writes_shards(self.neuron_config) and remove_manifest(compiled):
-            logger.info("removed the manifest of the earlier pre-sharded weights in %s before re-sharding", compiled)
+        with refusals_stop_the_start():
+            if _writes_shards(self.neuron_config) and remove_manifest(compiled):
+                logger.info("removed the manifest of the earlier pre-sharded weights in %s before re-sharding", compiled)
         sources: list[Any] = []
         token = SHARD_SOURCES.set(sources)
         try:
@@ -92,10 +93,11 @@ def wrap_shard_weights(func: Callable[..., Any], is_normalized: Callable[[Any], 
             SHARD_SOURCES.reset(token)
         if not _writes_shards(self.neuron_config):
             return result
-        if not sources:  # NxD reused state dicts without calling the loader: bind what it would read
-            path = _loader_source(self)
-            sources.append(Source(os.path.abspath(path), source_fingerprint(path)))
-        manifest = write_manifest(compiled, ranks=_ranks(self.neuron_config), config=self.config, sources=sources)
+        with refusals_stop_the_start():
+            if not sources:  # NxD reused state dicts without calling the loader: bind what it would read
+                path = _loader_source(self)
+                sources.append(Source(os.path.abspath(path), source_fingerprint(path)))
+            manifest = write_manifest(compiled, ranks=_ranks(self.neuron_config), config=self.config, sources=sources)
         logger.info("recorded %d pre-sharded rank files of %s (from %s) in their manifest", len(manifest.ranks),
                     compiled, ", ".join(source.path for source in sources))
         return result
@@ -122,9 +124,10 @@ def wrap_load_weights(func: Callable[..., Any], is_normalized: Callable[[Any], b
 
         compiled = os.fspath(arguments["compiled_model_path"])
         ranks = _ranks(self.neuron_config, arguments.get("start_rank_id"), arguments.get("local_ranks_size"))
-        verify = LoadPolicy.resolve(self.config).verify_digests
-        check = check_presharded(compiled, ranks=ranks, config=self.config, verify=verify, progress=None,
-                                 checkpoint=_loader_source(self))
+        with refusals_stop_the_start():  # a ConfigError or an OSError here must not become a recompile
+            verify = LoadPolicy.resolve(self.config).verify_digests
+            check = check_presharded(compiled, ranks=ranks, config=self.config, verify=verify, progress=None,
+                                     checkpoint=_loader_source(self))
         if not check.ok:
             error = refusal(check)
             logger.error("%s", error)

@@ -41,6 +41,9 @@ WITHOUT_NXDI = (
     "instead (vllm serve openai/gpt-oss-120b: BF16 on Trn2, MXFP4 on Trn3; it has no FP8 weight path for GPT-OSS)"
 )
 
+# the vllm-project/vllm-neuron releases whose own model loader the client tests run through the hook
+VLLM_NEURON_RUN_AGAINST = ("0.1.0", "0.2.0")
+
 # vLLM Neuron kinds
 NXDI_BACKED = "nxdi-backed"
 WITHOUT_NXDI_KIND = "no-nxdi"
@@ -273,9 +276,12 @@ def _judge(rule: Rule, version: str | None) -> Component:
 def _vllm_rows(kind: VllmNeuron, vllm_version: str | None) -> list[Component]:
     plugin_name = kind.distribution if kind.distribution not in (None, "vllm") else "vllm-neuron"
     if kind.kind == NXDI_BACKED and kind.distribution != "vllm":
-        plugin = Component("vLLM Neuron", plugin_name, kind.version, EXPECTED,
+        run = ".".join(str(n) for n in release(kind.version or "")[:3]) in VLLM_NEURON_RUN_AGAINST
+        plugin = Component("vLLM Neuron", plugin_name, kind.version, VERIFIED if run else EXPECTED,
                            f"NxDI-backed ({kind.evidence}): this package's vllm.general_plugins entry point installs "
-                           "the hook in every vLLM process; never run on a device here")
+                           "the hook and the MODEL_TYPES['gptoss'] entry it looks GPT-OSS up by in every vLLM process; "
+                           f"the client tests ran the loaders of {', '.join(VLLM_NEURON_RUN_AGAINST)} (compiler and "
+                           "device stood in; never run on a device here)")
     elif kind.kind == WITHOUT_NXDI_KIND:
         plugin = Component("vLLM Neuron", plugin_name, kind.version, UNSUPPORTED,
                            f"the newer plugin, which does not use NxDI ({kind.evidence}): the hook has nothing to "
@@ -361,5 +367,5 @@ def warn_unverified_nxdi(logger: logging.Logger, module: Any = None) -> None:
 
 
 __all__ = ["ABSENT", "EXPECTED", "MATRIX", "NXDI_BACKED", "SUPPORT_WINDOW", "UNKNOWN_KIND", "UNSUPPORTED", "VERIFIED",
-           "WITHOUT_NXDI", "WITHOUT_NXDI_KIND", "Component", "EnvironmentReport", "Rule", "VllmNeuron",
+           "VLLM_NEURON_RUN_AGAINST", "WITHOUT_NXDI", "WITHOUT_NXDI_KIND", "Component", "EnvironmentReport", "Rule", "VllmNeuron",
            "environment_report", "matches", "nxdi_version", "release", "vllm_neuron_kind", "warn_unverified_nxdi"]

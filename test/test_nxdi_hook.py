@@ -25,9 +25,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 import ckpt_edit
 import nxdi_standin
 
-from nxdi_gptoss_fp8 import cli, nxdi_hook, vllm_plugin
+from nxdi_gptoss_fp8 import cli, errors, nxdi_hook, vllm_plugin
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.errors import CheckpointFormatError, IntegrityError, LoadError, PreflightError, RegistrationError
+from nxdi_gptoss_fp8.errors import (
+    CheckpointFormatError,
+    IntegrityError,
+    LoadError,
+    LoadRefusedError,
+    PreflightError,
+    RegistrationError,
+)
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, make_source, write_legacy_fp8
 
 REPO = Path(__file__).resolve().parent.parent
@@ -676,10 +683,67 @@ def test_vllm_plugin_registers_when_nxdi_is_there(nxdi: SimpleNamespace) -> None
     assert nxdi_hook.is_registered()
 
 
-def test_vllm_plugin_is_quiet_without_nxdi(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_plugin_without_nxdi_is_one_warning(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """One WARNING (vLLM's default level shows it), nothing registered, vLLM runs on."""
+    monkeypatch.delenv(nxdi_hook.ENV_VAR, raising=False)
     monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: False)
-    vllm_plugin.register_plugin()
+    with caplog.at_level(logging.WARNING, logger="nxdi_gptoss_fp8"):
+        vllm_plugin.register_plugin()
+    (record,) = [r for r in caplog.records if r.name.startswith("nxdi_gptoss_fp8")]
+    assert record.levelno == logging.WARNING and "NxDI is not installed" in record.getMessage()
     assert not nxdi_hook.is_registered()
+
+
+@pytest.mark.parametrize("nxdi_there", [False, True])
+@pytest.mark.parametrize("value", ["normalized-fp8", "fp8", "normalised_fp8", "Normalized FP8", "nrmalized_fp8"])
+def test_vllm_plugin_points_out_a_near_miss_as_a_typo(monkeypatch: pytest.MonkeyPatch, nxdi_there: bool, value: str) -> None:
+    """A typo of CHECKPOINT_FORMAT stops vLLM at once, saying what was meant, with NxDI or without it."""
+    _set_format(monkeypatch, value)
+    monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: nxdi_there)
+    monkeypatch.setattr(nxdi_hook, "register", lambda: pytest.fail("a typo must stop before anything is registered"))
+    with pytest.raises(CheckpointFormatError) as caught:
+        vllm_plugin.register_plugin()
+    message = str(caught.value)
+    assert repr(value) in message and "did you mean 'normalized_fp8'" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(("architecture", "expected"), [
+    ("GptOssForCausalLM", ("gptoss", "causal-lm")), ("Qwen3MoeForCausalLM", ("qwen3moe", "causal-lm")),
+    ("LlamaForCausalLM", ("llama", "causal-lm")),
+])
+def test_vllm_model_type_is_the_key_vllm_neuron_computes(architecture: str, expected: tuple[str, str]) -> None:
+    assert vllm_plugin.vllm_model_type(architecture) == expected
+
+
+def test_vllm_plugin_makes_gpt_oss_reachable_under_vllm_neurons_key(nxdi: SimpleNamespace) -> None:
+    """vllm-neuron ≥ 0.2 looks up MODEL_TYPES["gptoss"]: the same hooked class; unregister removes it."""
+    model_types = nxdi.constants.MODEL_TYPES
+    app = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM
+    vllm_plugin.register_plugin()
+    vllm_plugin.register_plugin()
+    assert model_types["gptoss"] == {"causal-lm": app} and model_types["gpt_oss"]["causal-lm"] is app
+    nxdi_hook.unregister()
+    assert "gptoss" not in model_types and model_types["gpt_oss"]["causal-lm"] is app
+
+
+@pytest.mark.parametrize("value", [None, "normalized_fp8"])
+def test_vllm_plugin_never_replaces_another_class(
+    nxdi: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, value: str | None,
+) -> None:
+    class Other:
+        pass
+
+    _set_format(monkeypatch, value)
+    nxdi.constants.MODEL_TYPES["gptoss"] = {"causal-lm": Other}
+    if value is None:
+        with caplog.at_level(logging.WARNING, logger="nxdi_gptoss_fp8"):
+            vllm_plugin.register_plugin()
+        assert any("'gptoss'" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    else:
+        with pytest.raises(RegistrationError, match="looks GPT-OSS up as 'gptoss'"):
+            vllm_plugin.register_plugin()
+    nxdi_hook.unregister()
+    assert nxdi.constants.MODEL_TYPES["gptoss"] == {"causal-lm": Other}
 
 
 def _nxdi_differs() -> None:
@@ -691,7 +755,7 @@ def _nxdi_breaks_on_import() -> None:
 
 
 NOT_ASKING = [None, "hf", "legacy", "HF", ""]
-ASKING = ["normalized_fp8", " Normalized_FP8 ", "normalized-fp8", "fp8"]
+ASKING = ["normalized_fp8", " Normalized_FP8 ", "NORMALIZED_FP8"]
 
 
 @pytest.mark.parametrize("failure", [_nxdi_differs, _nxdi_breaks_on_import])
@@ -797,3 +861,47 @@ def test_nxdi_objects_get_the_json_rules(nxdi: SimpleNamespace, tiny_template: P
         app.checkpoint_loader_fn()
     assert code in caught.value.codes, caught.value.codes
     assert nxdi.modeling_gpt_oss.CALLS == []
+
+
+# --------------------------------------------------------------------------- what a client catches
+
+# the types raised out of the hook at load time; none may be what a client catches and recompiles on
+LOAD_TIME_ERRORS = [PreflightError, CheckpointFormatError, LoadError, LoadRefusedError, IntegrityError,
+                    errors.ShardedWeightsError, errors.ReportBindingError, errors.FailedReportError, RegistrationError]
+
+
+@pytest.mark.parametrize("error", LOAD_TIME_ERRORS, ids=lambda e: e.__name__)
+def test_no_load_time_error_is_what_vllm_catches(error: type) -> None:
+    """vllm-neuron's _load_weights_common catches (FileNotFoundError, ValueError) and recompiles."""
+    assert not issubclass(error, errors.CLIENT_CAUGHT)
+
+
+@pytest.mark.parametrize("raised", [
+    errors.ConfigError("NXDI_GPTOSS_FP8_VERIFY_AT_LOAD='ture' is not on or off"),
+    errors.NotRegularFileError("/ckpt/model-00001.safetensors is a FIFO"),
+    FileNotFoundError(2, "No such file or directory", "/ckpt/model-00001.safetensors"),
+    ValueError("bad value"), PermissionError(13, "Permission denied"),
+], ids=lambda e: type(e).__name__)
+def test_the_boundary_turns_what_clients_catch_into_a_refusal(raised: BaseException) -> None:
+    with pytest.raises(LoadRefusedError) as caught, errors.refusals_stop_the_start():
+        raise raised
+    assert caught.value.__cause__ is raised and not isinstance(caught.value, errors.CLIENT_CAUGHT)
+    assert str(raised) in str(caught.value)
+
+
+def test_the_boundary_leaves_other_errors_alone() -> None:
+    with pytest.raises(KeyError), errors.refusals_stop_the_start():
+        raise KeyError("x")
+    with pytest.raises(PreflightError), errors.refusals_stop_the_start():
+        raise PreflightError.__new__(PreflightError)
+
+
+def test_a_setting_refused_at_load_is_not_a_value_error(nxdi: SimpleNamespace, tiny_template: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ConfigError (a ValueError for library callers) met during the hooked load stops it as a LoadRefusedError."""
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, "normalized_fp8")
+    monkeypatch.setenv(fmt.ALLOW_CUSTOM_ENV, "ture")
+    nxdi_hook.register()
+    with pytest.raises(LoadRefusedError) as caught:
+        app_state_dict(nxdi, tiny_template)
+    assert fmt.ALLOW_CUSTOM_ENV in str(caught.value) and isinstance(caught.value.__cause__, errors.ConfigError)

@@ -126,6 +126,15 @@ def test_a_vllm_built_for_neuron_is_nxdi_backed(tmp_path: Path) -> None:
     assert report.component("vLLM").status == support.EXPECTED and "own Neuron worker" in report.component("vLLM").reason
 
 
+@pytest.mark.parametrize(("version", "status"), [
+    ("0.1.0", support.VERIFIED), ("0.2.0", support.VERIFIED), ("0.2.2+lts", support.EXPECTED), ("0.5.0", support.EXPECTED),
+])
+def test_the_vllm_neuron_releases_run_by_the_client_tests_are_verified(tmp_path: Path, version: str, status: str) -> None:
+    install(tmp_path, "vllm-neuron", version)
+    plugin = support.environment_report([str(tmp_path)], python_version="3.11.0").component("vLLM Neuron")
+    assert plugin.status == status and "0.1.0, 0.2.0" in plugin.reason and "gptoss" in plugin.reason
+
+
 def test_a_plain_vllm_has_no_neuron_platform(tmp_path: Path) -> None:
     install(tmp_path, "vllm", "0.24.0")
     vllm = support.environment_report([str(tmp_path)], python_version="3.11.0").component("vLLM")

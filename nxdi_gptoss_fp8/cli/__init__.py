@@ -23,7 +23,7 @@ from ..errors import ConfigError, MissingDependencyError, NxdiGptossFp8Error
 from ..nxdi_config import switch_from_env
 from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, UsageError
 from .convert import add_convert_command, add_verify_conversion_command
-from .env import add_env_command
+from .env import add_doctor_command, add_env_command
 from .make import add_demo_command, add_make_tiny_command
 from .nxdi import add_check_forward_command, add_inference_demo_command, add_selfcheck_command
 from .validate import add_inspect_command, add_validate_command
@@ -54,6 +54,7 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
     add_convert_command(commands)
     add_verify_conversion_command(commands)
     add_env_command(commands)
+    add_doctor_command(commands)
     add_selfcheck_command(commands)
     add_check_forward_command(commands)
     return parser

@@ -1,4 +1,4 @@
-"""The ``env`` command."""
+"""The ``env`` and ``doctor`` commands: the installed stack, and a serving host's settings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from ._shared import EXIT_FINDINGS, EXIT_OK
 
-__all__ = ["add_env_command"]
+__all__ = ["add_doctor_command", "add_env_command"]
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -33,3 +33,32 @@ def add_env_command(commands: Any) -> None:
     )
     env.add_argument("--json", action="store_true", help="print the report as JSON")
     env.set_defaults(handler=_cmd_env)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from ..serving_host import lint_serving_host
+
+    command = list(args.serve_command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    report = lint_serving_host(command)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
+    return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
+def add_doctor_command(commands: Any) -> None:
+    """The ``doctor`` command's parser, beside its handler."""
+    doctor = commands.add_parser(
+        "doctor", help="check a vllm serve command and this host's settings against the vLLM recipe (stdlib, any host)",
+        description="Lint the settings a vLLM server for a normalized FP8 checkpoint needs, before it starts: the "
+                    "--additional-config key (override_neuron_config, not override-neuron-config) and every FP8 key "
+                    "in it, the model given as a local directory (not a Hub id), CHECKPOINT_FORMAT, "
+                    "NEURON_COMPILED_ARTIFACTS set and outside the checkpoint, and Harmony's o200k_base.tiktoken in "
+                    "TIKTOKEN_ENCODINGS_BASE with the SHA-256 Harmony checks. Pass the serve command after --, e.g. "
+                    "nxdi-gptoss-fp8 doctor -- vllm serve /data/models/x --additional-config '{...}'; without it only "
+                    "the environment is checked. One line per finding, each with its fix. Exit 0, or 1 on any error.",
+    )
+    doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
+    doctor.add_argument("serve_command", nargs=argparse.REMAINDER, metavar="-- vllm serve MODEL ...",
+                        help="the vllm serve command line to check (after --)")
+    doctor.set_defaults(handler=_cmd_doctor)

@@ -21,6 +21,7 @@ from .. import format as fmt
 from .._version import __version__
 from ..errors import NotRegularFileError
 from ..hub import is_repo_id
+from ..recipes import neuron_config_keys, vllm_command
 from ..safeio.files import open_regular
 from ..writer import CheckpointWriter
 from .output import ConversionReport
@@ -100,16 +101,8 @@ def source_license(root: str, config: Mapping[str, Any]) -> str | None:
 
 def loading_neuron_config(layout: fmt.Layout, path: str = "/path/to/this/directory") -> dict[str, Any]:
     """The NeuronConfig attributes that load this checkpoint through the hook (``--neuron-config``)."""
-    return {
-        "quantized": True,
-        "quantized_checkpoints_path": path,
-        "quantization_type": fmt.QUANTIZATION_TYPE,
-        "quantization_dtype": fmt.QUANTIZATION_DTYPE,
-        "modules_to_not_convert": ["lm_head", "self_attn"],
-        "padded_hidden_size": layout.padded_hidden_size,
-        "padded_intermediate_size": layout.padded_intermediate_size,
-        "checkpoint_format": "normalized_fp8",
-    }
+    keys = neuron_config_keys(path, layout.padded_hidden_size, layout.padded_intermediate_size)
+    return {**keys, "checkpoint_format": "normalized_fp8"}
 
 
 def _tp_degrees(padded_intermediate: int) -> str:
@@ -180,6 +173,16 @@ through the package's plugin entry point), and give NxDI these NeuronConfig sett
 ```
 
 `tp_degree` must divide the padded intermediate size {layout.padded_intermediate_size} ({_tp_degrees(layout.padded_intermediate_size)} do).
+
+With vLLM (the NxDI-backed `vllm-neuron`, run against its 0.1.0 and 0.2.0 loaders; Neuron SDK 2.31 or
+earlier images), from a local copy of this directory, compiled artifacts on persistent storage outside
+it, and Harmony's `o200k_base.tiktoken` in `TIKTOKEN_ENCODINGS_BASE`
+(`nxdi-gptoss-fp8 doctor -- vllm serve ...` checks all of it first):
+
+```bash
+{vllm_command("/data/models/this-directory", "/data/neuron-compiled/this-directory", "/data/tiktoken",
+              layout.padded_hidden_size, layout.padded_intermediate_size)}
+```
 
 ## Validate it
 

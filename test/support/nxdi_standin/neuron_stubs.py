@@ -98,10 +98,12 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 @contextmanager
-def installed(src: str) -> Iterator[None]:
-    """Make NxDI importable from the source tree ``src`` with the Neuron packages stubbed."""
+def installed(src: str, roots: tuple[str, ...] = STUBBED, keep: tuple[str, ...] = ()) -> Iterator[None]:
+    """Make NxDI importable from the source tree ``src`` with the packages ``roots`` stubbed; on
+    exit the modules imported meanwhile are removed, except those of the packages ``keep`` (torch
+    registers operator libraries once per process: its modules cannot be imported twice)."""
     before = set(sys.modules)
-    finder = _Finder()
+    finder = _Finder(roots)
     sys.meta_path.insert(0, finder)
     sys.path.insert(0, src)
     try:
@@ -112,4 +114,5 @@ def installed(src: str) -> Iterator[None]:
         if src in (sys.path or ()):
             sys.path.remove(src)
         for name in set(sys.modules or ()) - before:
-            del sys.modules[name]
+            if name.split(".")[0] not in keep:
+                del sys.modules[name]

@@ -1,0 +1,124 @@
+"""One recipe per client, as data: the NeuronConfig keys a normalized checkpoint needs, and how
+each client (vLLM's NxDI-backed ``vllm-neuron``, NxDI's ``inference_demo``, the Python API) is
+given them. The README's recipes, the model card, the serving-host lint (``serving_host``) and
+the hint on a refused vLLM start all read them from here. Stdlib only.
+
+vLLM builds the NeuronConfig from its own defaults (``quantized: False``) updated with the JSON
+object under ``override_neuron_config`` in ``--additional-config``; when that object has
+``quantized`` but not ``quantization_type`` / ``quantization_dtype``, vllm-neuron fills in
+``per_tensor_symmetric`` / ``int8`` (``_get_neuron_config_after_override``, 0.2.0). So the vLLM
+recipe spells every FP8 key out.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from . import format as fmt
+
+__all__ = [
+    "DEFAULT_VLLM_SETTINGS", "MODULES_TO_NOT_CONVERT", "QUANTIZATION_KEYS", "VLLM_ADDITIONAL_CONFIG_FLAG",
+    "VLLM_OVERRIDE_KEY", "inference_demo_argv", "modules_file", "neuron_config_keys", "vllm_command", "vllm_hint",
+    "vllm_override",
+]
+
+MODULES_TO_NOT_CONVERT = ("lm_head", "self_attn")  # NxD's substring rule: attention and lm_head stay BF16
+VLLM_OVERRIDE_KEY = "override_neuron_config"  # the only key vllm-neuron reads (not "override-neuron-config")
+VLLM_ADDITIONAL_CONFIG_FLAG = "--additional-config"
+# the NeuronConfig keys that say "this checkpoint is normalized FP8"; vLLM's defaults lack all of them
+QUANTIZATION_KEYS = ("quantized", "quantized_checkpoints_path", "quantization_type", "quantization_dtype",
+                     "modules_to_not_convert", "padded_hidden_size", "padded_intermediate_size")
+# the vLLM settings of the README's recipe besides the override (what one host serves)
+DEFAULT_VLLM_SETTINGS = {"tensor_parallel_size": 64, "max_model_len": 8192, "max_num_seqs": 4}
+
+
+def neuron_config_keys(checkpoint: str, padded_hidden_size: int, padded_intermediate_size: int) -> dict[str, Any]:
+    """The NeuronConfig attributes that load ``checkpoint`` (a local directory) through the hook."""
+    return {
+        "quantized": True,
+        "quantized_checkpoints_path": checkpoint,
+        "quantization_type": fmt.QUANTIZATION_TYPE,
+        "quantization_dtype": fmt.QUANTIZATION_DTYPE,
+        "modules_to_not_convert": list(MODULES_TO_NOT_CONVERT),
+        "padded_hidden_size": padded_hidden_size,
+        "padded_intermediate_size": padded_intermediate_size,
+    }
+
+
+def vllm_override(checkpoint: str, padded_hidden_size: int, padded_intermediate_size: int) -> dict[str, Any]:
+    """``--additional-config``'s JSON for vLLM: every FP8 key explicit under ``override_neuron_config``."""
+    return {VLLM_OVERRIDE_KEY: neuron_config_keys(checkpoint, padded_hidden_size, padded_intermediate_size)}
+
+
+def vllm_command(checkpoint: str, compiled: str, tiktoken_dir: str, padded_hidden_size: int,
+                 padded_intermediate_size: int, *, tensor_parallel_size: int = DEFAULT_VLLM_SETTINGS["tensor_parallel_size"],
+                 max_model_len: int = DEFAULT_VLLM_SETTINGS["max_model_len"],
+                 max_num_seqs: int = DEFAULT_VLLM_SETTINGS["max_num_seqs"]) -> str:
+    """The vLLM recipe as shell lines: the three environment variables, then ``vllm serve`` with the
+    full ``--additional-config`` (the README's block and the card's are this text)."""
+    override = json.dumps(vllm_override(checkpoint, padded_hidden_size, padded_intermediate_size))
+    return "\n".join([
+        "export CHECKPOINT_FORMAT=normalized_fp8",
+        f"export NEURON_COMPILED_ARTIFACTS={shlex.quote(compiled)}",
+        f"export TIKTOKEN_ENCODINGS_BASE={shlex.quote(tiktoken_dir)}",
+        f"vllm serve {shlex.quote(checkpoint)} \\",
+        f"  --tensor-parallel-size {tensor_parallel_size} --max-model-len {max_model_len} --max-num-seqs {max_num_seqs} "
+        "--no-enable-prefix-caching \\",
+        f"  {VLLM_ADDITIONAL_CONFIG_FLAG} {shlex.quote(override)}",
+    ])
+
+
+def modules_file() -> dict[str, Any]:
+    """The contents of ``inference_demo``'s ``--modules-to-not-convert-file`` (NxDI reads this key)."""
+    return {"modules_to_not_convert": list(MODULES_TO_NOT_CONVERT)}
+
+
+def inference_demo_argv(checkpoint: str, compiled: str, modules_path: str, *,
+                        tp_degree: int = DEFAULT_VLLM_SETTINGS["tensor_parallel_size"],
+                        seq_len: int = DEFAULT_VLLM_SETTINGS["max_model_len"],
+                        prompt: str = "I believe the meaning of life is") -> list[str]:
+    """``nxdi-gptoss-fp8 inference-demo``'s arguments (NxDI's own flags) for a normalized checkpoint.
+
+    NxDI 0.9's demo has no flag for the padded sizes, so it serves checkpoints converted without
+    padding (the converter's default; the NeuronConfig's padded sizes stay unset = H and I)."""
+    return ["--model-type", "gpt_oss", "--task-type", "causal-lm", "run",
+            "--model-path", checkpoint, "--compiled-model-path", compiled,
+            "--torch-dtype", "bfloat16", "--tp-degree", str(tp_degree), "--batch-size", "1",
+            "--max-context-length", str(seq_len), "--seq-len", str(seq_len),
+            "--quantized", "--quantized-checkpoints-path", checkpoint,
+            "--quantization-type", fmt.QUANTIZATION_TYPE, "--quantization-dtype", fmt.QUANTIZATION_DTYPE,
+            "--modules-to-not-convert-file", modules_path, "--save-sharded-checkpoint", "--prompt", prompt]
+
+
+def _keys_for(codes: Iterable[str]) -> list[str]:
+    keys: list[str] = []
+    for code in codes:
+        reason = code.removeprefix("neuron_config.")
+        if reason == "not_quantized":
+            keys += ["quantized", "quantized_checkpoints_path", "quantization_type", "quantization_dtype"]
+        elif reason in ("wrong_quantization_dtype", "wrong_quantization_type"):
+            keys.append(reason.removeprefix("wrong_"))
+        elif reason in ("attention_not_excluded", "lm_head_not_excluded", "experts_excluded"):
+            keys.append("modules_to_not_convert")
+    return list(dict.fromkeys(keys))
+
+
+def vllm_hint(report: Any, checkpoint: str, modules: Mapping[str, Any] | None = None) -> str | None:
+    """When vllm-neuron is loaded in this process and the preflight refused NxDI's config for want of
+    the FP8 keys: one line naming vLLM's key and the JSON to add; None otherwise."""
+    loaded = sys.modules if modules is None else modules
+    if "vllm_neuron" not in loaded:
+        return None
+    keys = _keys_for(finding.code for finding in report.errors)
+    if not keys:
+        return None
+    wanted = {key: value for key, value in neuron_config_keys(checkpoint, 0, 0).items() if key in keys}
+    return (f"vLLM builds this NeuronConfig from its defaults (not quantized; int8 / per_tensor_symmetric filled in "
+            f"when quantized is given alone) and {VLLM_ADDITIONAL_CONFIG_FLAG}'s \"{VLLM_OVERRIDE_KEY}\" (spelled with "
+            f"underscores): add {json.dumps(wanted)} to it, e.g. {VLLM_ADDITIONAL_CONFIG_FLAG} "
+            f"{shlex.quote(json.dumps({VLLM_OVERRIDE_KEY: wanted}))}, with padded_hidden_size and "
+            "padded_intermediate_size as the checkpoint's index records them (README, \"Serving with vLLM\")")

@@ -1,0 +1,93 @@
+"""What the client tests share: the README's recipe blocks as commands, and the real NxDI source
+(``NXDI_SRC``) with only the Neuron-only packages stubbed and the compiler/device stood in.
+
+Unlike the conformance tests, transformers is the real one here (vLLM reads the HF config with it,
+NxDI's ``load_pretrained_config`` too), so Pillow must be installed (NxDI's vision models import it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import shlex
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import neuron_device
+import pytest
+from nxdi_standin import neuron_stubs
+
+REPO = Path(__file__).resolve().parents[2]
+# stubbed for the client tests: the Neuron SDK, and torchvision (NxDI's vision models import it)
+CLIENT_STUBBED = tuple(root for root in neuron_stubs.STUBBED if root not in ("transformers", "PIL"))
+# the README recipes' paths and the sizes of gpt-oss-120b, replaced by a tiny checkpoint's
+README_MODEL = "/data/models/gpt-oss-120b-fp8"
+README_PADDED = 2880
+
+
+def readme_block(heading: str, language: str, index: int = 0) -> str:
+    """The ``index``-th fenced ``language`` block of the README section titled ``heading``."""
+    text = (REPO / "README.md").read_text()
+    start = text.index(f"\n{heading}\n")
+    following = re.search(r"\n#{2,3} ", text[start + len(heading) + 2:])
+    section = text[start: start + len(heading) + 2 + (following.start() if following else len(text))]
+    blocks = re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
+    return blocks[index]
+
+
+def shell_commands(block: str) -> list[list[str]]:
+    """The block's commands (backslash continuations joined), each split as the shell would."""
+    return [shlex.split(line) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def substitute(words: list[str], mapping: Mapping[str, str]) -> list[str]:
+    out = []
+    for word in words:
+        for old, new in mapping.items():
+            word = word.replace(old, new)
+        out.append(word)
+    return out
+
+
+def nxdi_source() -> str:
+    src = os.environ.get("NXDI_SRC")
+    if not src:
+        pytest.skip("NXDI_SRC is not set (a checkout of neuronx-distributed-inference)")
+    path = os.path.join(src, "src")
+    if not os.path.isdir(os.path.join(path, "neuronx_distributed_inference")):
+        pytest.fail(f"NXDI_SRC={src} has no src/neuronx_distributed_inference")
+    if importlib.util.find_spec("PIL") is None:
+        pytest.skip("the client tests need Pillow (pip install pillow): NxDI's vision models import it")
+    return path
+
+
+@contextlib.contextmanager
+def real_nxdi() -> Iterator[SimpleNamespace]:
+    """NxDI from ``NXDI_SRC`` (Neuron packages stubbed, transformers real), the compiler and device
+    stood in; ``sys.modules`` and the stand-ins restored after."""
+    src = nxdi_source()
+    with neuron_stubs.installed(src, CLIENT_STUBBED, keep=("torch", "transformers")):
+        application_base = importlib.import_module("neuronx_distributed_inference.models.application_base")
+        modeling: ModuleType = importlib.import_module("neuronx_distributed_inference.models.gpt_oss.modeling_gpt_oss")
+        constants = importlib.import_module("neuronx_distributed_inference.utils.constants")
+        with neuron_device.installed(application_base) as device:
+            yield SimpleNamespace(application_base=application_base, modeling=modeling, constants=constants,
+                                  device=device)
+
+
+@contextlib.contextmanager
+def restored_environ() -> Iterator[None]:
+    """os.environ as it was (NxDI's load sets runtime variables; the recipes export theirs)."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+__all__ = ["CLIENT_STUBBED", "README_MODEL", "README_PADDED", "readme_block", "real_nxdi", "restored_environ",
+           "shell_commands", "substitute"]
