@@ -43,7 +43,7 @@ from .convert import (
 from .convert.fp8 import FP8_DTYPE, fp8_values
 from .convert.kinds.base import ExpertRows
 from .convert.output import single_threaded_torch
-from .convert.source import read_json
+from .convert.source import FINGERPRINT_FIELDS, FINGERPRINT_PARTS, read_json
 from .convert.workers import LayerPool, peak_rss, plan_workers, refuse_in_worker_start
 from .errors import ConversionError
 from .hub import is_repo_id
@@ -481,10 +481,17 @@ def source_mismatch_hint(recorded: dict[str, Any], src: Source, given: str | Non
     repo = recorded.get("repo")
     if isinstance(repo, str) and given is not None and is_repo_id(given) and not os.path.lexists(given) and repo != given:
         said.append(f"Hub repo {repo} (you gave {given})")
-    path = recorded.get("path")
-    if (isinstance(path, str) and os.path.isdir(path) and not said
-            and os.path.realpath(path) != os.path.realpath(src.root)):
-        said.append(f"{path} (you gave {src.root})")
+    fingerprint = recorded.get("fingerprint")
+    if isinstance(fingerprint, dict) and not said:
+        try:
+            given_fingerprint = src.fingerprint()
+        except ConversionError:
+            given_fingerprint = {}
+        differ = [name for name in FINGERPRINT_FIELDS
+                  if isinstance(fingerprint.get(name), str) and fingerprint[name] != given_fingerprint.get(name)]
+        if differ:
+            said.append(f"a source whose {', '.join(FINGERPRINT_PARTS[name] for name in differ)} differ from those of "
+                        f"{src.root} (recorded {', '.join(f'{n} {str(fingerprint[n])[:12]}…' for n in differ)})")
     if not said:
         return None
     revision = f" at {recorded['revision']}" if isinstance(recorded.get("revision"), str) else ""
@@ -590,10 +597,11 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     if swapped:
         raise ConversionError(swapped)
     recorded = _recorded_source(out_path)
-    if gate_up_split is None and recorded.get("format") == SOURCE_COMPRESSED_TENSORS:
-        stated = recorded.get("gate_up_split")
-        gate_up_split = stated if isinstance(stated, str) else None
-    src = open_source(source, gate_up_split=gate_up_split)
+    stated = recorded.get("gate_up_split") if recorded.get("format") == SOURCE_COMPRESSED_TENSORS else None
+    # the split OUT records applies to a compressed-tensors source only: any other source given
+    # gets the "OUT records …" hint, not a refusal of an option the user never passed
+    src = open_source(source, gate_up_split=gate_up_split,
+                      recorded_gate_up_split=stated if isinstance(stated, str) else None)
     kind = source_kind(src)
     report = VerificationReport(out=out_path, source=src.root, source_format=src.kind)
     hint = source_mismatch_hint(recorded, src, given_source if given_source is not None else os.fspath(source))
@@ -605,9 +613,9 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     view = checked.view
     layout = view.layout
     if view.dims != src.dims:
-        report.note(f"dimensions differ: output {view.dims}, source {src.dims}: not a conversion of this source")
         if hint:
             report.note(hint, counts=False)
+        report.note(f"dimensions differ: output {view.dims}, source {src.dims}: not a conversion of this source")
         return report
     namespace = fmt.expected_namespace(layout)
     renames = non_expert_names(src.dims)

@@ -567,6 +567,29 @@ def test_a_mismatched_verify_source_names_the_recorded_one(sources: dict[str, Pa
     assert "hint: OUT records" in capsys.readouterr().out
 
 
+SOURCE_KINDS = (SOURCE_MXFP4, SOURCE_BF16, SOURCE_COMPRESSED_TENSORS)
+
+
+@pytest.mark.parametrize("wrong", [*SOURCE_KINDS, "same kind, other weights"])
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
+def test_a_wrong_verify_source_gets_the_recorded_source_hint(
+        sources: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, wrong: str) -> None:
+    """Whatever OUT records (a compressed-tensors split included) and whatever wrong source is
+    given, the answer is the documented "OUT records …" hint first, never a refusal of an option
+    the user did not pass; the right source verifies."""
+    out = tmp_path / "out"
+    convert(sources[kind], out, progress=False)
+    if wrong == kind:
+        return  # the right source: covered below
+    given = make_source(tmp_path / "other", kind, seed=7, original=False) if wrong.startswith("same") else sources[wrong]
+    code = main(["verify-conversion", str(out), "--source", str(given)])
+    captured = capsys.readouterr()
+    assert code == 1 and "--ct-gate-up-split" not in captured.err + captured.out, captured.err
+    problems = [line.strip() for line in captured.out.splitlines() if line.strip().startswith("problem:")]
+    assert problems[0].startswith("problem: hint: OUT records that it was converted from"), problems[:2]
+    assert main(["verify-conversion", str(out), "--source", str(sources[kind])]) == 0
+
+
 def test_progress_lines_off_a_terminal(sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(progress_module, "INTERVAL_S", 0.0)
