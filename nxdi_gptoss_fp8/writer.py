@@ -29,7 +29,7 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ConversionError
-from .output_target import check_space, make_private_dir, output_target, remove_stale_partials
+from .output_target import check_space, make_private_dir, output_target, refuse_concurrent_writer, remove_stale_partials
 from .progress import Progress
 from .safeio.files import open_regular
 from .safeio.hashing import hash_files
@@ -264,11 +264,15 @@ class CheckpointWriter:
         self.check_space()
         try:
             self.tmp = make_private_dir(self.out, "partial", self.target.work_parent)
+            refuse_concurrent_writer(self.out, self.tmp)
             for shard, (header, size) in self._headers.items():
                 fd = os.open(os.path.join(self.tmp, shard), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
                 self._fds[shard] = fd
                 os.pwrite(fd, header, 0)
                 os.ftruncate(fd, size)
+        except ConversionError:
+            self.abort()
+            raise
         except OSError as exc:
             self.abort()
             where = self.tmp or self.target.work_parent
