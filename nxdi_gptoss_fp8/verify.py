@@ -20,6 +20,7 @@ or an exponent bias off by one. Requires torch and safetensors.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -81,7 +82,8 @@ class LayerRow:
     exact: int = 0
     inexact: int = 0
     violations: int = 0
-    max_rel_error: float = 0.0
+    max_rel_error: float = 0.0  # among the inexact values stored non-zero
+    flushed: int = 0  # inexact values stored as 0 (their relative error is 1 by definition)
 
 
 @dataclass
@@ -117,14 +119,18 @@ class VerificationReport:
         return document
 
     def render_text(self) -> str:
-        header = f"{'layer':>6} {'tensors':>8} {'mismatch':>8} {'fp8 values':>12} {'exact':>12} {'inexact':>9} {'violations':>10} {'max rel err':>11}"
+        header = (f"{'layer':>6} {'tensors':>8} {'mismatch':>8} {'fp8 values':>12} {'exact':>12} {'inexact':>9} "
+                  f"{'flushed':>8} {'violations':>10} {'max rel err':>11}")
         lines = [f"verify {self.out} against {self.source} ({self.source_format or 'unknown'})", header]
         for row in self.rows:
             lines.append(
                 f"{row.layer:>6} {row.tensors:>8} {row.tensor_mismatches:>8} {row.values:>12} {row.exact:>12} "
-                f"{row.inexact:>9} {row.violations:>10} {row.max_rel_error:>11.3g}"
+                f"{row.inexact:>9} {row.flushed:>8} {row.violations:>10} {row.max_rel_error:>11.3g}"
             )
         lines.append(f"bound: {self.bound}")
+        if any(row.flushed for row in self.rows):
+            lines.append("flushed: inexact source values stored as 0 (too small for E4M3 at their channel's scale); "
+                         "max rel err is over the other inexact values")
         lines += [f"  problem: {message}" for message in self.problems]
         hidden = self.violations - len(self.problems)
         if not self.ok and hidden > 0:
@@ -145,6 +151,7 @@ class ExpertResult:
     inexact: int = 0
     violations: int = 0
     max_rel_error: float = 0.0
+    flushed: int = 0
     problem: str | None = None
 
 
@@ -291,8 +298,11 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
             result.exact += int((exact & ~bad).sum())
             result.inexact += int((~exact & ~bad).sum())
             nonzero = wanted_values != 0
-            if bool(nonzero.any()):
-                rel = (error[nonzero] / wanted_values.double().abs()[nonzero]).max()
+            flushed = nonzero & (values.reshape(-1) == 0) & ~bad
+            result.flushed += int(flushed.sum())
+            rounded = nonzero & ~flushed
+            if bool(rounded.any()):
+                rel = (error[rounded] / wanted_values.double().abs()[rounded]).max()
                 result.max_rel_error = max(result.max_rel_error, float(rel))
             violations = int(bad.sum())
             if violations:
@@ -380,6 +390,7 @@ def _add(row: LayerRow, result: ExpertResult, report: VerificationReport) -> Non
     row.inexact += result.inexact
     row.violations += result.violations
     row.max_rel_error = max(row.max_rel_error, result.max_rel_error)
+    row.flushed += result.flushed
     if result.problem is not None:
         report.note(result.problem, counts=False)
 
@@ -585,7 +596,8 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     memory); the report is the same whatever the count. Returns a ``VerificationReport``
     (``report.ok`` is the verdict, ``render_text()`` the per-layer table). Raises
     ``ConversionError`` when ``source`` is not a supported GPT-OSS checkpoint, or is the
-    converted one (arguments swapped). Reads both checkpoints fully, one expert per lane at a
+    converted one (arguments swapped); ``OSError`` naming the file when a file of ``out`` cannot
+    be read. Reads both checkpoints fully, one expert per lane at a
     time. Example::
 
         report = verify_conversion("gpt-oss-120b-fp8", "gpt-oss-120b")
@@ -606,6 +618,10 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     report = VerificationReport(out=out_path, source=src.root, source_format=src.kind)
     hint = source_mismatch_hint(recorded, src, given_source if given_source is not None else os.fspath(source))
     checked = preflight(out_path, allow_custom_model=True)
+    unreadable = next((f for f in checked.errors if f.code == "filesystem.unreadable"), None)
+    if unreadable is not None:  # an I/O error on OUT, not a verdict on the conversion
+        where = os.path.join(out_path, unreadable.file) if unreadable.file else out_path
+        raise OSError(errno.EIO, unreadable.message.split(": ", 1)[-1], where)
     if not checked.ok:
         for finding in checked.errors:
             report.note(f"preflight: {finding.code}: {finding.message}")

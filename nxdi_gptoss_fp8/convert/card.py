@@ -116,16 +116,6 @@ def _tp_degrees(padded_intermediate: int) -> str:
     return ", ".join(str(d) for d in (1, 2, 4, 8, 16, 32, 64) if padded_intermediate % d == 0)
 
 
-def _exactness(report: ConversionReport) -> str:
-    if report.requantized:
-        return (f"quantized afresh from BF16 with per-channel amax/240 scales: worst relative error "
-                f"{report.max_rel_error:.3g} over {report.fp8_values:,} expert values")
-    flushed = sum(s.flushed_to_zero for s in report.experts)
-    return (f"{report.fp8_values - report.inexact_values:,} of {report.fp8_values:,} expert values exact; "
-            f"{report.inexact_values:,} inexact ({flushed:,} flushed to zero), worst relative error "
-            f"{report.max_rel_error:.3g}")
-
-
 def render_card(report: ConversionReport, source: Source, layout: fmt.Layout, provenance: Mapping[str, Any],
                 companions: Sequence[str]) -> str:
     """The card's text (front matter and body); it names no output path, so two conversions of one
@@ -163,7 +153,7 @@ then zero-copy loading, with no conversion at load time.
 | source | {source_text}, {SOURCE_FORMATS.get(report.source_format, report.source_format)} |
 | converter | nxdi-gptoss-fp8 {__version__} (`nxdi-gptoss-fp8 convert`) |
 | padding | {padding} |
-| exactness | {_exactness(report)} |
+| exactness | {report.exactness_text()} |
 | tensors | {report.tensors:,} tensors, {report.bytes_written:,} bytes ({report.fp8_bytes:,} FP8) |
 | companion files | {companions_text} |
 
