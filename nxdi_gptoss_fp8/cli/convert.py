@@ -167,7 +167,8 @@ def _add_workers_option(command: argparse.ArgumentParser, what: str) -> None:
                          help=f"experts {what} at once: up to 3 as threads, from 4 on as N/2 worker processes "
                               "taking whole layers (default: the CPUs this process may use, after its affinity and "
                               "cgroup quota; one process for models under 1 GB); fewer, with a warning, when the "
-                              "available memory cannot hold them. The result does not depend on N")
+                              "available memory cannot hold them, or more than one process per layer and 8 lanes "
+                              "each would be needed. N is 1 … 1024. The result does not depend on N")
 
 
 def _add_split_option(command: argparse.ArgumentParser) -> None:
