@@ -151,3 +151,14 @@ def test_the_error_document_has_one_shape() -> None:
         "error": {"kind": "io", "type": "OSError", "message": "cannot access x"}}
     with pytest.raises(AssertionError):
         error_document("convert", "no such kind", "m", 2, "E")
+
+
+@pytest.mark.parametrize("prog", ["nxdi-gptoss-fp8", "python -m nxdi_gptoss_fp8"])
+@pytest.mark.parametrize(("argv", "command"), [(["env", "--bogus"], "env"), (["validate"], "validate"),
+                                              (["--json"], None), (["nosuch"], None)])
+def test_usage_errors_name_the_command_whatever_the_prog(prog: str, argv: list[str], command: str | None,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--json"] if "--json" not in argv else argv, prog=prog)
+    document = json.loads(capsys.readouterr().out)
+    assert exit_.value.code == 2 and document["command"] == command and document["error"]["kind"] == "usage"

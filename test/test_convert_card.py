@@ -94,6 +94,20 @@ def test_a_local_source_without_a_repo_gets_no_base_model(tmp_path: Path) -> Non
     assert "a local directory" in body and "amax/240" in body and "--source SRC" in body
 
 
+@pytest.mark.parametrize("name_or_path", ["openai/gpt-oss-20b", "/home/someone/models/gpt-oss-20b"])
+def test_name_or_path_is_inert_for_the_card_and_the_index(tmp_path: Path, name_or_path: str) -> None:
+    """``_name_or_path`` (inert, docs/format.md) names no base model, repo or path, even when it
+    looks like a repo id."""
+    root = make_source(tmp_path / "src", SOURCE_MXFP4, original=False)
+    config = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps({**config, "_name_or_path": name_or_path}))
+    convert(root, tmp_path / "out", max_shard_size="40KB", progress=False)
+    meta, body = card(tmp_path / "out")
+    assert "base_model" not in meta and "a local directory (no Hub repo recorded)" in body
+    source = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())["metadata"]["source"]
+    assert "repo" not in source and "path" not in source and name_or_path not in json.dumps(source)
+
+
 def test_a_source_readme_given_as_an_extra_file_is_not_copied(source: Path, tmp_path: Path) -> None:
     convert(source, tmp_path / "out", max_shard_size="40KB", progress=False, extra_files={CARD_FILE: source / CARD_FILE})
     assert (tmp_path / "out" / CARD_FILE).read_text() != SOURCE_CARD

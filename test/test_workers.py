@@ -258,7 +258,12 @@ def test_a_failure_in_a_worker_leaves_nothing_and_says_one_line(sources: dict[st
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_ctrl_c_ends_the_workers_and_leaves_nothing(sources: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, False)])
+def test_a_signal_ends_the_workers_and_leaves_nothing(sources: dict[str, Path], tmp_path: Path, signum: int,
+                                                      to_group: bool) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it), and SIGTERM or SIGHUP
+    to the main process alone (kill, timeout, docker stop): the workers end, nothing is left,
+    and the one sentence names the signal."""
     (tmp_path / "run").mkdir()
     run = _faulty_run(tmp_path, sources[SOURCE_MXFP4], "sleep")
     deadline = time.monotonic() + 60
@@ -266,9 +271,15 @@ def test_ctrl_c_ends_the_workers_and_leaves_nothing(sources: dict[str, Path], tm
         time.sleep(0.1)
     time.sleep(1.0)  # layer 2's worker is asleep, the others are done
     assert list((tmp_path / "run").iterdir()), "the partial directory exists while converting"
-    os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    if to_group:
+        os.killpg(run.pid, signum)  # what a terminal's Ctrl-C does: the whole process group
+    else:
+        os.kill(run.pid, signum)
     _, err = run.communicate(timeout=60)
-    assert run.returncode == 130 and "interrupted" in err, err
+    lines = [line for line in err.splitlines() if not PROGRESS_LINE.match(line)]
+    assert run.returncode == 128 + signum and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"nxdi-gptoss-fp8 convert: interrupted by {signal.Signals(signum).name}")
+    assert lines[0].endswith(f"the partial output was removed and OUT is as it was before the run (exit {128 + signum})")
     assert list((tmp_path / "run").iterdir()) == []
     assert _gone(run.pid), "worker processes outlived the run"
 

@@ -76,19 +76,19 @@ class JsonAwareParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if wants_json(JsonAwareParser.argv):
-            command = self.prog.split()[-1] if " " in self.prog else self._command_named()
+            names = self._command_names()  # empty on a subcommand's parser, whose prog ends with its name
+            command = next((t for t in JsonAwareParser.argv if t in names), None) if names else self.prog.split()[-1]
             self.print_usage(sys.stderr)
             report_failure(command, "usage", message, 2, as_json=True, error_type="UsageError")
             self.exit(2)
         super().error(message)
 
 
-    def _command_named(self) -> str | None:
-        """The subcommand the command line names (argparse reports an unrecognized argument on
-        the top-level parser, after the subcommand parsed)."""
-        names = {name for action in self._actions if isinstance(action, argparse._SubParsersAction)
-                 for name in action.choices}
-        return next((token for token in JsonAwareParser.argv if token in names), None)
+    def _command_names(self) -> set[str]:
+        """The subcommands of this parser (the top-level one reports an unrecognized argument
+        after the subcommand parsed: the command line then names the command)."""
+        return {name for action in self._actions if isinstance(action, argparse._SubParsersAction)
+                for name in action.choices}
 
 
 class Terminated(KeyboardInterrupt):
