@@ -168,7 +168,9 @@ LICENSE_VALUES = ["mit", "apache-2.0", "llama3.1", "2", "1.0", "0x1f", "yes", "N
                   "mit # a comment", "other", "'2'", "2001-12-14", "-mit", ".inf", "|", ">"]
 OTHER_LINES = ["tags: [a,", "b]", 'description: "abc', '"', "description: 'x", "'", "- mit", "  - apache-2.0",
                "extra_gated_fields:", "  license: inner", "# license: commented", "pipeline_tag: text-generation",
-               "title: x: y", "license_name: custom", "base_model: openai/gpt-oss-20b", "  continued"]
+               "title: x: y", "license_name: custom", "base_model: openai/gpt-oss-20b", "  continued",
+               '"license": mit', "'license': apache-2.0", "license : mit", "? license", "license\t: mit",
+               "<<: {license: merged}", "defaults: &d {license: x}", "<<: *d"]
 
 
 def _yaml_front_matter(text: str) -> Any:

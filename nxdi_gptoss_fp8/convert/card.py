@@ -81,7 +81,7 @@ def front_matter(fields: Mapping[str, Any]) -> str:
 # what YAML reads as something other than the string written (YAML 1.1 booleans, null)
 _YAML_NON_STRINGS = frozenset({"null", "true", "false", "yes", "no", "on", "off", "y", "n"})
 _YAML_NULLS = frozenset({"null", "Null", "NULL", "~"})
-_LICENSE_KEY = re.compile(r"^license\s*:")
+_LICENSE_KEY = re.compile(r"""^(?P<q>["']?)license(?P=q)\s*:""")  # a quoted key is the same key to YAML
 # a top-level value that starts a quoted scalar or a flow collection must end on its line, or
 # the lines after it may belong to it: then the card's structure is not read by lines
 _OPENS = {'"': re.compile(r'^"(?:[^"\\]|\\.)*"\s*(?:#.*)?$'), "'": re.compile(r"^'(?:[^']|'')*'\s*(?:#.*)?$")}
@@ -152,12 +152,13 @@ def source_license(root: str, config: Mapping[str, Any]) -> str | None:
         text = ""
     lines = _front_matter_lines(text)
     content = [line for line in lines or [] if line.strip() and not line.lstrip().startswith("#")]
-    if content and content[0][0].isspace():
-        return None  # the top-level mapping is indented: not read by lines
+    if content and (content[0][0].isspace() or any(line.startswith(("?", "<<")) for line in content)):
+        return None  # an indented top-level mapping, an explicit or a merge key: not read by lines
     if lines is not None:
         stated = [line for line in lines if _LICENSE_KEY.match(line)]
         if stated:
-            if len(stated) != 1 or not all(_ends_on_its_line(line) for line in lines) or _continued(lines, stated[0]):
+            if (len(stated) != 1 or stated[0][0] in "\"'" or not all(_ends_on_its_line(line) for line in lines)
+                    or _continued(lines, stated[0])):
                 return None
             value = re.sub(r"\s+#.*$", "", stated[0].split(":", 1)[1]).strip()
             if value not in _YAML_NULLS:  # `license: null` states none: config.json may
