@@ -166,7 +166,7 @@ def test_cli_verify_conversion(sources: dict[str, Path], tmp_path: Path, monkeyp
     assert main(["verify-conversion", str(tmp_path / "good"), "--source", str(sources[SOURCE_MXFP4])]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[1].split() == ["layer", "tensors", "mismatch", "fp8", "values", "exact", "inexact",
-                                           "violations", "max", "rel", "err"]
+                                           "flushed", "violations", "max", "rel", "err"]
     assert "OK: every value within its bound" in out
     with monkeypatch.context() as patch:
         _break(patch, "nibble_order_swapped")

@@ -71,7 +71,11 @@ def test_a_bad_worker_count_is_refused(value: object) -> None:
 ])
 def test_the_plan_follows_cpus_and_layers(requested: int | None, cpus: int, processes: int, lanes: int) -> None:
     plan = plan_workers(requested, LAYOUT_120B, SOURCE_MXFP4, cpus=(cpus, "test"), memory=(1 << 50, "test"))
-    assert (plan.processes, plan.lanes, plan.workers, plan.note) == (processes, lanes, processes * lanes, None)
+    assert (plan.processes, plan.lanes, plan.workers) == (processes, lanes, processes * lanes)
+    capped = requested is not None and processes * lanes < requested  # said, never silent
+    assert (plan.note is not None) == capped
+    if capped:
+        assert plan.note.startswith(f"{requested:,} workers asked for, {processes * lanes} run")
 
 
 def test_the_plan_is_bounded_by_memory_and_says_why() -> None:
