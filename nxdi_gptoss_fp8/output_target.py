@@ -33,8 +33,8 @@ from .validate.findings import printable
 __all__ = [
     "DIRECTORY_BLOCKS", "NORMALIZED", "OUTPUT_SIDE_FILES", "SOURCE", "SOURCE_KINDS", "OutputTarget", "block_size",
     "check_space", "check_writable", "free_bytes", "host_tag", "install", "is_write_error", "make_private_dir",
-    "output_target", "remove_stale_partials", "remove_work_dir", "space_needed", "staged_output", "stale_partials",
-    "write_failed",
+    "output_target", "refuse_concurrent_writer", "remove_stale_partials", "remove_work_dir", "space_needed",
+    "staged_output", "stale_partials", "write_failed",
 ]
 
 logger = logging.getLogger(f"{__package__}.writer")  # the writer's messages, under the writer's one logger
@@ -441,6 +441,27 @@ def stale_partials(out: str | os.PathLike[str], *, kind: str = "partial") -> lis
                   if name.startswith(_hidden_prefix(out, kind)) and not _owner_alive(name, _hidden_prefix(out, kind))
                   and os.path.isdir(os.path.join(parent, name)) and not os.path.islink(os.path.join(parent, name))]
     return found
+
+
+def refuse_concurrent_writer(out: str | os.PathLike[str], own: str) -> None:
+    """Refuse (``ConversionError``) when another run is writing ``out`` too: a hidden work folder
+    of ``out`` other than ``own`` whose process still runs (or of another host). Checked after
+    ``own`` exists, so of two runs starting together at least one refuses; a finished run's
+    output is never mixed with another's."""
+    out = os.path.abspath(os.fspath(out))
+    prefix = _hidden_prefix(out, "partial")
+    for parent in (os.path.dirname(out) or ".", out):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in sorted(names):
+            path = os.path.join(parent, name)
+            if name.startswith(prefix) and path != own and _owner_alive(name, prefix) and os.path.isdir(path):
+                raise ConversionError(
+                    f"{out} is being written by another run ({path} is its work folder, and its process is still "
+                    "running): wait for it to finish, or choose another OUT; a folder a dead run left on another "
+                    "host is never removed here: delete it with rm -r")
 
 
 def remove_stale_partials(out: str | os.PathLike[str]) -> list[str]:

@@ -2,9 +2,12 @@
 
 Versions come from package metadata (``importlib.metadata``), never from importing torch, NxDI
 or vLLM, so ``env`` runs in a second on any host. Each component is *verified* (the versions
-the ``nxdi`` tests and ``selfcheck`` ran against), *expected to work* (the same API line;
+the ``nxdi`` tests and ``selfcheck`` ran against: final releases, their post-releases and local
+builds), *expected to work* (the same API line, or a pre-release of the verified one;
 ``register()`` checks every signature it wraps before patching anything), *unsupported* (with
-the reason and the way forward) or *not installed*. Stdlib only.
+the reason and the way forward; a version string that is no PEP 440 version too), *not used*
+(vLLM without a Neuron plugin: a GPU or CPU host, where the hook never runs) or *not installed*.
+Stdlib only.
 
 Which vLLM Neuron is installed matters most: the NxDI-backed one (``vllm-neuron`` 0.x, SDK
 ≤ 2.31; before it, a vLLM built for Neuron) loads GPT-OSS through NxDI, so the hook works in
@@ -26,6 +29,7 @@ from typing import Any
 from ._version import __version__
 
 VERIFIED, EXPECTED, UNSUPPORTED, ABSENT = "verified", "expected to work", "unsupported", "not installed"
+NOT_USED = "not used"  # installed, but not on this package's path (vLLM without a Neuron plugin)
 
 SUPPORT_WINDOW = (
     "NxDI support window: NxDI/NxD inference APIs are in maintenance since Neuron SDK 2.30; 2.31 shipped the "
@@ -121,10 +125,40 @@ MATRIX: tuple[Rule, ...] = (
 # --------------------------------------------------------------------------- versions and specs
 
 
+# a PEP 440 version: epoch, release, pre-release, post-release, dev-release, local label
+_PEP440 = re.compile(
+    r"^\s*v?(?:(?P<epoch>\d+)!)?(?P<release>\d+(?:\.\d+)*)"
+    r"(?P<pre>[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
+    r"(?P<post>-\d+|[-_.]?(?:post|rev|r)[-_.]?\d*)?"
+    r"(?P<dev>[-_.]?dev[-_.]?\d*)?"
+    r"(?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Version:
+    """What the matrix reads of a version: its release numbers, and whether it is a pre-release
+    (``a``/``b``/``rc``) or development release (``.dev``). Post-releases and local labels
+    (``+cpu``, ``+lts``, ``+neuron``) place a version like its release."""
+
+    release: tuple[int, ...]
+    prerelease: bool
+    epoch: int = 0
+
+
+def parse_version(version: str) -> Version | None:
+    """``version`` as PEP 440 reads it, or None when it is not a version number at all."""
+    match = _PEP440.match(version)
+    if match is None:
+        return None
+    return Version(tuple(int(part) for part in match["release"].split(".")),
+                   bool(match["pre"] or match["dev"]), int(match["epoch"] or 0))
+
+
 def release(version: str) -> tuple[int, ...]:
-    """The leading release numbers of ``version`` (``2.13.0+cpu`` → (2, 13, 0); ``0.2.2+lts`` → (0, 2, 2))."""
-    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
-    return tuple(int(part) for part in match.group(1).split(".")) if match else ()
+    """The release numbers of ``version`` (``2.13.0+cpu`` → (2, 13, 0); ``0.2.2+lts`` → (0, 2, 2));
+    () when it is not a PEP 440 version."""
+    parsed = parse_version(version)
+    return parsed.release if parsed is not None else ()
 
 
 def _bound(numbers: tuple[int, ...], bound: str) -> bool:
@@ -141,9 +175,14 @@ def _bound(numbers: tuple[int, ...], bound: str) -> bool:
 
 
 def matches(version: str, specs: Iterable[str]) -> bool:
-    """Whether ``version`` satisfies one of ``specs`` (each comma-joined bounds, all must hold)."""
-    numbers = release(version)
-    return bool(numbers) and any(all(_bound(numbers, bound) for bound in spec.split(",")) for spec in specs)
+    """Whether ``version``'s release numbers satisfy one of ``specs`` (each comma-joined bounds,
+    all must hold). A pre-release has its release's numbers (``5.0.0rc1`` is not ``<5``: it
+    precedes 5.0.0, which ``<5`` excludes as pip does); an epoch other than 0 and a string that
+    is no version never match."""
+    parsed = parse_version(version)
+    if parsed is None or parsed.epoch:
+        return False
+    return any(all(_bound(parsed.release, bound) for bound in spec.split(",")) for spec in specs)
 
 
 def _distribution(name: str, path: Sequence[str] | None) -> metadata.Distribution | None:
@@ -264,12 +303,25 @@ def vllm_neuron_kind(path: Sequence[str] | None = None) -> VllmNeuron:
 
 
 def _judge(rule: Rule, version: str | None) -> Component:
+    """One component's place: verified only for a final release (or a post-release or local
+    build of one) of the verified line; a pre-release or development release of it is expected
+    to work; a version string that is no version at all is unsupported (it cannot be placed)."""
     if version is None:
         return Component(rule.component, rule.distribution, None, ABSENT, rule.absent)
+    parsed = parse_version(version)
+    if parsed is None or parsed.epoch:
+        name = rule.distribution or "python"
+        return Component(rule.component, rule.distribution, version, UNSUPPORTED,
+                         f"{version!r} is not a version number (PEP 440), so it cannot be placed in the matrix",
+                         f"reinstall {name} from a release (`pip show {name}` says what is installed)")
     if matches(version, rule.verified):
-        return Component(rule.component, rule.distribution, version, VERIFIED, rule.verified_why)
+        if not parsed.prerelease:
+            return Component(rule.component, rule.distribution, version, VERIFIED, rule.verified_why)
+        return Component(rule.component, rule.distribution, version, EXPECTED,
+                         f"a pre-release of the verified line (only its final releases are verified): {rule.verified_why}")
     if matches(version, rule.expected):
-        return Component(rule.component, rule.distribution, version, EXPECTED, rule.expected_why)
+        pre = "a pre-release; " if parsed.prerelease else ""
+        return Component(rule.component, rule.distribution, version, EXPECTED, pre + rule.expected_why)
     return Component(rule.component, rule.distribution, version, UNSUPPORTED, rule.unsupported_why, rule.forward)
 
 
@@ -302,10 +354,11 @@ def _vllm_rows(kind: VllmNeuron, vllm_version: str | None) -> list[Component]:
         engine = Component("vLLM", "vllm", vllm_version, EXPECTED,
                            "served through NxDI" + (f" by {plugin_name} {kind.version}" if kind.distribution != "vllm"
                                                     else " by its own Neuron worker"))
-    elif kind.kind is None:
-        engine = Component("vLLM", "vllm", vllm_version, UNSUPPORTED,
-                           "no vLLM Neuron plugin is installed, so this vLLM has no Neuron platform",
-                           "install the NxDI-backed vllm-neuron 0.x of your Neuron SDK (≤ 2.31) release")
+    elif kind.kind is None:  # e.g. a GPU host: nothing of ours runs there, nothing is wrong
+        engine = Component("vLLM", "vllm", vllm_version, NOT_USED,
+                           "no vLLM Neuron plugin is installed, so this vLLM runs on another platform (a GPU or CPU "
+                           "host) and this package's hook is not used there: normalized FP8 loads only through NxDI "
+                           "on Neuron (with the NxDI-backed vllm-neuron 0.x, Neuron SDK ≤ 2.31)")
     else:
         engine = Component("vLLM", "vllm", vllm_version, plugin.status, f"served by {plugin_name} {kind.version}: "
                            "see the vLLM Neuron row", plugin.forward)
@@ -366,6 +419,7 @@ def warn_unverified_nxdi(logger: logging.Logger, module: Any = None) -> None:
                    verdict.reason, extra, SUPPORT_WINDOW)
 
 
-__all__ = ["ABSENT", "EXPECTED", "MATRIX", "NXDI_BACKED", "SUPPORT_WINDOW", "UNKNOWN_KIND", "UNSUPPORTED", "VERIFIED",
-           "VLLM_NEURON_RUN_AGAINST", "WITHOUT_NXDI", "WITHOUT_NXDI_KIND", "Component", "EnvironmentReport", "Rule", "VllmNeuron",
-           "environment_report", "matches", "nxdi_version", "release", "vllm_neuron_kind", "warn_unverified_nxdi"]
+__all__ = ["ABSENT", "EXPECTED", "MATRIX", "NOT_USED", "NXDI_BACKED", "SUPPORT_WINDOW", "UNKNOWN_KIND", "UNSUPPORTED",
+           "VERIFIED", "VLLM_NEURON_RUN_AGAINST", "WITHOUT_NXDI", "WITHOUT_NXDI_KIND", "Component", "EnvironmentReport",
+           "Rule", "Version", "VllmNeuron", "environment_report", "matches", "nxdi_version", "parse_version", "release",
+           "vllm_neuron_kind", "warn_unverified_nxdi"]

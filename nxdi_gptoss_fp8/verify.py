@@ -20,6 +20,7 @@ or an exponent bias off by one. Requires torch and safetensors.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -43,7 +44,7 @@ from .convert import (
 from .convert.fp8 import FP8_DTYPE, fp8_values
 from .convert.kinds.base import ExpertRows
 from .convert.output import single_threaded_torch
-from .convert.source import read_json
+from .convert.source import FINGERPRINT_FIELDS, FINGERPRINT_PARTS, read_json
 from .convert.workers import LayerPool, peak_rss, plan_workers, refuse_in_worker_start
 from .errors import ConversionError
 from .hub import is_repo_id
@@ -81,7 +82,8 @@ class LayerRow:
     exact: int = 0
     inexact: int = 0
     violations: int = 0
-    max_rel_error: float = 0.0
+    max_rel_error: float = 0.0  # among the inexact values stored non-zero
+    flushed: int = 0  # inexact values stored as 0 (their relative error is 1 by definition)
 
 
 @dataclass
@@ -117,14 +119,18 @@ class VerificationReport:
         return document
 
     def render_text(self) -> str:
-        header = f"{'layer':>6} {'tensors':>8} {'mismatch':>8} {'fp8 values':>12} {'exact':>12} {'inexact':>9} {'violations':>10} {'max rel err':>11}"
+        header = (f"{'layer':>6} {'tensors':>8} {'mismatch':>8} {'fp8 values':>12} {'exact':>12} {'inexact':>9} "
+                  f"{'flushed':>8} {'violations':>10} {'max rel err':>11}")
         lines = [f"verify {self.out} against {self.source} ({self.source_format or 'unknown'})", header]
         for row in self.rows:
             lines.append(
                 f"{row.layer:>6} {row.tensors:>8} {row.tensor_mismatches:>8} {row.values:>12} {row.exact:>12} "
-                f"{row.inexact:>9} {row.violations:>10} {row.max_rel_error:>11.3g}"
+                f"{row.inexact:>9} {row.flushed:>8} {row.violations:>10} {row.max_rel_error:>11.3g}"
             )
         lines.append(f"bound: {self.bound}")
+        if any(row.flushed for row in self.rows):
+            lines.append("flushed: inexact source values stored as 0 (too small for E4M3 at their channel's scale); "
+                         "max rel err is over the other inexact values")
         lines += [f"  problem: {message}" for message in self.problems]
         hidden = self.violations - len(self.problems)
         if not self.ok and hidden > 0:
@@ -145,6 +151,7 @@ class ExpertResult:
     inexact: int = 0
     violations: int = 0
     max_rel_error: float = 0.0
+    flushed: int = 0
     problem: str | None = None
 
 
@@ -291,8 +298,11 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
             result.exact += int((exact & ~bad).sum())
             result.inexact += int((~exact & ~bad).sum())
             nonzero = wanted_values != 0
-            if bool(nonzero.any()):
-                rel = (error[nonzero] / wanted_values.double().abs()[nonzero]).max()
+            flushed = nonzero & (values.reshape(-1) == 0) & ~bad
+            result.flushed += int(flushed.sum())
+            rounded = nonzero & ~flushed
+            if bool(rounded.any()):
+                rel = (error[rounded] / wanted_values.double().abs()[rounded]).max()
                 result.max_rel_error = max(result.max_rel_error, float(rel))
             violations = int(bad.sum())
             if violations:
@@ -380,6 +390,7 @@ def _add(row: LayerRow, result: ExpertResult, report: VerificationReport) -> Non
     row.inexact += result.inexact
     row.violations += result.violations
     row.max_rel_error = max(row.max_rel_error, result.max_rel_error)
+    row.flushed += result.flushed
     if result.problem is not None:
         report.note(result.problem, counts=False)
 
@@ -481,10 +492,17 @@ def source_mismatch_hint(recorded: dict[str, Any], src: Source, given: str | Non
     repo = recorded.get("repo")
     if isinstance(repo, str) and given is not None and is_repo_id(given) and not os.path.lexists(given) and repo != given:
         said.append(f"Hub repo {repo} (you gave {given})")
-    path = recorded.get("path")
-    if (isinstance(path, str) and os.path.isdir(path) and not said
-            and os.path.realpath(path) != os.path.realpath(src.root)):
-        said.append(f"{path} (you gave {src.root})")
+    fingerprint = recorded.get("fingerprint")
+    if isinstance(fingerprint, dict) and not said:
+        try:
+            given_fingerprint = src.fingerprint()
+        except ConversionError:
+            given_fingerprint = {}
+        differ = [name for name in FINGERPRINT_FIELDS
+                  if isinstance(fingerprint.get(name), str) and fingerprint[name] != given_fingerprint.get(name)]
+        if differ:
+            said.append(f"a source whose {', '.join(FINGERPRINT_PARTS[name] for name in differ)} differ from those of "
+                        f"{src.root} (recorded {', '.join(f'{n} {str(fingerprint[n])[:12]}…' for n in differ)})")
     if not said:
         return None
     revision = f" at {recorded['revision']}" if isinstance(recorded.get("revision"), str) else ""
@@ -578,7 +596,8 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     memory); the report is the same whatever the count. Returns a ``VerificationReport``
     (``report.ok`` is the verdict, ``render_text()`` the per-layer table). Raises
     ``ConversionError`` when ``source`` is not a supported GPT-OSS checkpoint, or is the
-    converted one (arguments swapped). Reads both checkpoints fully, one expert per lane at a
+    converted one (arguments swapped); ``OSError`` naming the file when a file of ``out`` cannot
+    be read. Reads both checkpoints fully, one expert per lane at a
     time. Example::
 
         report = verify_conversion("gpt-oss-120b-fp8", "gpt-oss-120b")
@@ -590,14 +609,19 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     if swapped:
         raise ConversionError(swapped)
     recorded = _recorded_source(out_path)
-    if gate_up_split is None and recorded.get("format") == SOURCE_COMPRESSED_TENSORS:
-        stated = recorded.get("gate_up_split")
-        gate_up_split = stated if isinstance(stated, str) else None
-    src = open_source(source, gate_up_split=gate_up_split)
+    stated = recorded.get("gate_up_split") if recorded.get("format") == SOURCE_COMPRESSED_TENSORS else None
+    # the split OUT records applies to a compressed-tensors source only: any other source given
+    # gets the "OUT records …" hint, not a refusal of an option the user never passed
+    src = open_source(source, gate_up_split=gate_up_split,
+                      recorded_gate_up_split=stated if isinstance(stated, str) else None)
     kind = source_kind(src)
     report = VerificationReport(out=out_path, source=src.root, source_format=src.kind)
     hint = source_mismatch_hint(recorded, src, given_source if given_source is not None else os.fspath(source))
     checked = preflight(out_path, allow_custom_model=True)
+    unreadable = next((f for f in checked.errors if f.code == "filesystem.unreadable"), None)
+    if unreadable is not None:  # an I/O error on OUT, not a verdict on the conversion
+        where = os.path.join(out_path, unreadable.file) if unreadable.file else out_path
+        raise OSError(errno.EIO, unreadable.message.split(": ", 1)[-1], where)
     if not checked.ok:
         for finding in checked.errors:
             report.note(f"preflight: {finding.code}: {finding.message}")
@@ -605,9 +629,9 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     view = checked.view
     layout = view.layout
     if view.dims != src.dims:
-        report.note(f"dimensions differ: output {view.dims}, source {src.dims}: not a conversion of this source")
         if hint:
             report.note(hint, counts=False)
+        report.note(f"dimensions differ: output {view.dims}, source {src.dims}: not a conversion of this source")
         return report
     namespace = fmt.expected_namespace(layout)
     renames = non_expert_names(src.dims)

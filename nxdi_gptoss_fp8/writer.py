@@ -36,6 +36,7 @@ from .output_target import (
     is_write_error,
     make_private_dir,
     output_target,
+    refuse_concurrent_writer,
     remove_stale_partials,
     remove_work_dir,
     write_failed,
@@ -288,11 +289,15 @@ class CheckpointWriter:
         self.check_space()
         try:
             self.tmp = make_private_dir(self.out, "partial", self.target.work_parent)
+            refuse_concurrent_writer(self.out, self.tmp)
             for shard, (header, size) in self._headers.items():
                 fd = os.open(os.path.join(self.tmp, shard), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
                 self._fds[shard] = fd
                 os.pwrite(fd, header, 0)
                 os.ftruncate(fd, size)
+        except ConversionError:
+            self.abort()
+            raise
         except OSError as exc:
             self.abort()
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -209,8 +209,9 @@ def test_a_disk_that_fills_during_the_run_is_one_line_and_leaves_out_as_it_was(
         assert (f"{out} is as it was" in err) if existing else ("nothing is left" in err)
         assert main([*args, "--json"]) == 2
         document = json.loads(capsys.readouterr().out)
-        assert document["error_type"] == "OutputWriteError" and document["errno"] == "ENOSPC"
-        assert document["path"].startswith(str(small)) and document["exit_code"] == 2
+        error = document["error"]
+        assert error["type"] == "OutputWriteError" and error["errno"] == "ENOSPC" and error["kind"] == "usage"
+        assert error["path"].startswith(str(small)) and document["exit_code"] == 2
         if existing:
             assert {p.name: p.read_bytes() for p in out.iterdir()} == before
         else:

@@ -282,13 +282,65 @@ def test_sigterm_and_sighup_clean_up_like_ctrl_c(sources: dict[str, Path], tmp_p
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".out.partial-")]  # mid-way
     child.send_signal(signum)
     _out, err = child.communicate(timeout=60)
-    assert child.returncode == (130 if signum == signal.SIGINT else 128 + signum), err
-    assert len(err.strip().splitlines()) == 1 and "interrupted" in err and "Traceback" not in err
+    assert child.returncode == 128 + signum, err
+    name = signal.Signals(signum).name + (" (Ctrl-C)" if signum == signal.SIGINT else "")
+    sentence = (f"interrupted by {name}: the partial output was removed and OUT is as it was before the run "
+                f"(exit {128 + signum})")
+    assert err == f"nxdi-gptoss-fp8 convert: {sentence}\n", err  # the same full sentence for every signal
     assert list(tmp_path.iterdir()) == []
     if as_json:  # the error as JSON on stdout, whichever signal
         document = json.loads(_out)
-        assert document["ok"] is False and document["exit_code"] == child.returncode
-        assert "interrupted" in document["error"]
+        assert document == {"ok": False, "command": "convert", "exit_code": child.returncode,
+                            "error": {"kind": "interrupted", "type": "Interrupted", "message": sentence}}
+
+
+def _slow_convert(src: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
+    """A conversion in a child process that prints "converting" once its work folder exists and
+    then sleeps in its first expert (until a signal ends it)."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
+        from nxdi_gptoss_fp8.cli import main
+        real = hf_mxfp4._projection
+        def slow(*args, **kwargs):
+            print("converting", flush=True)
+            time.sleep(60)
+            return real(*args, **kwargs)
+        hf_mxfp4._projection = slow
+        sys.exit(main(["convert", {str(src)!r}, {str(out)!r}, *{list(extra)!r}]))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "converting"
+    return child
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("out_exists", [False, True])
+def test_a_second_run_to_the_same_out_refuses_while_the_first_writes(
+        sources: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], out_exists: bool,
+        overwrite: bool) -> None:
+    """Two conversions to one OUT: the second refuses in one line naming the first's work folder
+    (with or without --overwrite, OUT absent or an existing directory); the first is untouched
+    and, ended by SIGTERM, leaves nothing."""
+    out = tmp_path / "out"
+    if out_exists:
+        out.mkdir()
+    flags = ["--overwrite"] if overwrite else []
+    first = _slow_convert(sources[SOURCE_MXFP4], out, *flags)
+    try:
+        code = main(["convert", str(sources[SOURCE_MXFP4]), str(out), *flags])
+        err = capsys.readouterr().err
+        assert code == 2 and "is being written by another run" in err and ".out.partial-" in err, err
+        assert len(err.strip().splitlines()) == 1
+        assert first.poll() is None  # the first run goes on
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGTERM
+    assert [p.name for p in tmp_path.iterdir()] == (["out"] if out_exists else [])
+    assert not out_exists or list(out.iterdir()) == []
 
 
 # --------------------------------------------------------------------------- where OUT is written
@@ -513,7 +565,7 @@ def test_convert_json_errors_are_json(tmp_path: Path, capsys: pytest.CaptureFixt
     captured = capsys.readouterr()
     document = json.loads(captured.out)
     assert code == 2 and document["ok"] is False and document["exit_code"] == 2
-    assert "has no config.json" in document["error"] and "has no config.json" in captured.err
+    assert "has no config.json" in document["error"]["message"] and "has no config.json" in captured.err
 
 
 def test_convert_json_success_has_ok(sources: dict[str, Path], tmp_path: Path,
@@ -529,7 +581,7 @@ def test_verify_conversion_json_errors_are_json(sources: dict[str, Path], tmp_pa
     convert(sources[SOURCE_MXFP4], tmp_path / "out", progress=False)
     code = main(["verify-conversion", str(sources[SOURCE_MXFP4]), "--source", str(tmp_path / "out"), "--json"])
     document = json.loads(capsys.readouterr().out)
-    assert code == 2 and not document["ok"] and "arguments look swapped" in document["error"]
+    assert code == 2 and not document["ok"] and "arguments look swapped" in document["error"]["message"]
 
 
 def test_swapped_verify_arguments_get_a_hint(sources: dict[str, Path], tmp_path: Path,
@@ -553,6 +605,29 @@ def test_a_mismatched_verify_source_names_the_recorded_one(sources: dict[str, Pa
     assert verify_conversion(out, moved).ok  # a moved copy of the right source still verifies
     assert main(["verify-conversion", str(out), "--source", str(sources[SOURCE_BF16])]) == 1
     assert "hint: OUT records" in capsys.readouterr().out
+
+
+SOURCE_KINDS = (SOURCE_MXFP4, SOURCE_BF16, SOURCE_COMPRESSED_TENSORS)
+
+
+@pytest.mark.parametrize("wrong", [*SOURCE_KINDS, "same kind, other weights"])
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
+def test_a_wrong_verify_source_gets_the_recorded_source_hint(
+        sources: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, wrong: str) -> None:
+    """Whatever OUT records (a compressed-tensors split included) and whatever wrong source is
+    given, the answer is the documented "OUT records …" hint first, never a refusal of an option
+    the user did not pass; the right source verifies."""
+    out = tmp_path / "out"
+    convert(sources[kind], out, progress=False)
+    if wrong == kind:
+        return  # the right source: covered below
+    given = make_source(tmp_path / "other", kind, seed=7, original=False) if wrong.startswith("same") else sources[wrong]
+    code = main(["verify-conversion", str(out), "--source", str(given)])
+    captured = capsys.readouterr()
+    assert code == 1 and "--ct-gate-up-split" not in captured.err + captured.out, captured.err
+    problems = [line.strip() for line in captured.out.splitlines() if line.strip().startswith("problem:")]
+    assert problems[0].startswith("problem: hint: OUT records that it was converted from"), problems[:2]
+    assert main(["verify-conversion", str(out), "--source", str(sources[kind])]) == 0
 
 
 def test_progress_lines_off_a_terminal(sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

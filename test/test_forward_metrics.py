@@ -4,6 +4,7 @@ CPU settings, and the CLI's answer when NxDI is absent (one line, exit 2)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import shutil
@@ -149,8 +150,13 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("extra", [[], ["--tp", "2"], ["--json"]])
 def test_selfcheck_without_nxdi_says_so_in_one_line(extra: list[str]) -> None:
     done = cli("selfcheck", *extra)
-    assert done.returncode == 2 and done.stdout == ""
+    assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("nxdi-gptoss-fp8 selfcheck: needs NxDI:")
+    if "--json" in extra:  # the error as the one JSON error document, as for every command
+        error = json.loads(done.stdout)["error"]
+        assert error["kind"] == "usage" and error["message"].startswith("needs NxDI:")
+    else:
+        assert done.stdout == ""
 
 
 @needs_no_nxdi

@@ -135,10 +135,65 @@ def test_the_vllm_neuron_releases_run_by_the_client_tests_are_verified(tmp_path:
     assert plugin.status == status and "0.1.0, 0.2.0" in plugin.reason and "gptoss" in plugin.reason
 
 
-def test_a_plain_vllm_has_no_neuron_platform(tmp_path: Path) -> None:
-    install(tmp_path, "vllm", "0.24.0")
-    vllm = support.environment_report([str(tmp_path)], python_version="3.11.0").component("vLLM")
-    assert vllm.status == support.UNSUPPORTED and "no Neuron platform" in vllm.reason
+
+@pytest.mark.parametrize("vllm", ["0.24.0", "0.11.0+cu128", "0.10.1.1"])
+def test_a_gpu_host_with_plain_vllm_is_not_a_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str], vllm: str) -> None:
+    """Plain vLLM without any Neuron plugin (a GPU host): the hook is not used there, which is
+    said in one line; nothing of ours is unsupported, so env exits 0."""
+    path = site_with(tmp_path, {"torch": "2.8.0", "transformers": "4.57.1", "vllm": vllm})
+    report = support.environment_report(path, python_version="3.12.3")
+    engine = report.component("vLLM")
+    assert engine.status == support.NOT_USED and "hook is not used there" in engine.reason and not engine.forward
+    assert report.component("vLLM Neuron").status == support.ABSENT and report.ok
+    monkeypatch.setattr(sys, "path", path)
+    assert cli.main(["env"]) == cli.EXIT_OK
+    assert "not used" in capsys.readouterr().out
+    assert cli.main(["env", "--json"]) == cli.EXIT_OK and json.loads(capsys.readouterr().out)["ok"] is True
+
+
+# the version classes: a final release, a post-release and a local build place like the release;
+# a pre-release or dev release of the verified line is expected to work, never verified; a
+# string that is no PEP 440 version is unsupported (it cannot be placed)
+@pytest.mark.parametrize(("version", "status"), [
+    ("0.9.17334", support.VERIFIED), ("0.9.0", support.VERIFIED), ("0.9.0.post1", support.VERIFIED),
+    ("0.9.0+neuron", support.VERIFIED), ("0.9.17334+4bcdc54", support.VERIFIED), ("v0.9.0", support.VERIFIED),
+    ("0.9.0rc1", support.EXPECTED), ("0.9.0.dev3", support.EXPECTED), ("0.9.0a1+local", support.EXPECTED),
+    ("0.10.0rc2", support.EXPECTED), ("0.10.18399", support.EXPECTED),
+    ("0.11.0rc1", support.UNSUPPORTED), ("0.6.0", support.UNSUPPORTED), ("1!0.9.0", support.UNSUPPORTED),
+    ("garbage", support.UNSUPPORTED), ("", support.UNSUPPORTED), ("0.9.x", support.UNSUPPORTED),
+    ("0.9.0 beta", support.UNSUPPORTED), ("nightly-2026-01-01", support.UNSUPPORTED),
+])
+def test_nxdi_version_classes(tmp_path: Path, version: str, status: str) -> None:
+    found = support.environment_report(site_with(tmp_path, {"neuronx-distributed-inference": version or "0"}),
+                                       python_version="3.11.0").component("NxDI") if version else \
+        support._judge(next(r for r in support.MATRIX if r.component == "NxDI"), version)
+    assert found.status == status, (version, found)
+    if status == support.UNSUPPORTED and support.parse_version(version) is None:
+        assert "not a version number" in found.reason and "pip show neuronx-distributed-inference" in found.forward
+    if status == support.EXPECTED and ("rc" in version or "dev" in version or "a1" in version):
+        assert "pre-release" in found.reason
+
+
+@pytest.mark.parametrize(("python", "status"), [("3.11.0rc1", support.EXPECTED), ("3.14.0a3", support.EXPECTED),
+                                                ("3.9.0rc1", support.UNSUPPORTED), ("3.11.7+", support.UNSUPPORTED)])
+def test_python_pre_releases_and_garbage(python: str, status: str) -> None:
+    assert support._judge(support.MATRIX[0], python).status == status
+
+
+@pytest.mark.parametrize(("kind_version", "kind"), [
+    ("0.5.0rc1", support.NXDI_BACKED), ("0.2.2+lts", support.NXDI_BACKED), ("0.24.0.1.1.0rc1", support.WITHOUT_NXDI_KIND),
+    ("garbage", support.UNKNOWN_KIND), ("", support.UNKNOWN_KIND),
+])
+def test_vllm_neuron_versions_of_both_kinds(tmp_path: Path, kind_version: str, kind: str) -> None:
+    install(tmp_path, "vllm-neuron", kind_version or "x")
+    if not kind_version:
+        info = next(tmp_path.glob("*.dist-info"))
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-neuron\nVersion: \n")
+    found = support.vllm_neuron_kind([str(tmp_path)])
+    assert found.kind == kind
+    report = support.environment_report([str(tmp_path)], python_version="3.11.0")
+    assert report.ok == (kind == support.NXDI_BACKED)  # the newer plugin and an unknown one are unsupported
 
 
 @pytest.mark.parametrize(("version", "specs", "expected"), [

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -164,7 +166,7 @@ def test_cli_verify_conversion(sources: dict[str, Path], tmp_path: Path, monkeyp
     assert main(["verify-conversion", str(tmp_path / "good"), "--source", str(sources[SOURCE_MXFP4])]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[1].split() == ["layer", "tensors", "mismatch", "fp8", "values", "exact", "inexact",
-                                           "violations", "max", "rel", "err"]
+                                           "flushed", "violations", "max", "rel", "err"]
     assert "OK: every value within its bound" in out
     with monkeypatch.context() as patch:
         _break(patch, "nibble_order_swapped")
@@ -192,3 +194,28 @@ def test_byte_comparison_doubles_every_byte_within_240() -> None:
     rows, differ = _byte_mismatches(codes, one, doubled, one)
     assert rows.tolist() == [0] and torch.equal(differ != 0, codes != doubled)
     assert _byte_mismatches(codes, 3 * one, doubled, one) is None
+
+
+@pytest.mark.parametrize("which", ["shard", "index", "config"])
+def test_an_unreadable_file_of_out_is_an_io_error_naming_it(sources: dict[str, Path], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch, which: str) -> None:
+    """A file of OUT that cannot be read (permissions; root reads anything, so ``os.open`` is
+    made to refuse it) is an I/O error naming the file (exit 2), never "FAILED: 1 violations"."""
+    out = tmp_path / "out"
+    conversion.convert(sources[SOURCE_MXFP4], out, progress=False)
+    target = {"shard": sorted(out.glob("model-*.safetensors"))[0], "index": out / fmt.INDEX_FILE,
+              "config": out / fmt.CONFIG_FILE}[which]
+    real_open = os.open
+
+    def refusing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(path) == str(target):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+    code = main(["verify-conversion", str(out), "--source", str(sources[SOURCE_MXFP4]), "--json"])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert captured.err == f"nxdi-gptoss-fp8 verify-conversion: cannot access {target}: Permission denied\n"
+    assert json.loads(captured.out)["error"]["kind"] == "io" and "violations" not in captured.out

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 FOUR_LAYERS = dataclasses.replace(SOURCE_DIMS, num_hidden_layers=4)
 LAYOUT_120B = fmt.Layout.unpadded(fmt.PROFILES[fmt.PROFILE_120B])
 GIB = 1 << 30
+PROGRESS_LINE = re.compile(r"^convert \d+/\d+ layers: ")  # the progress line a non-terminal stderr gets every few seconds
 
 
 def tree_digest(root: Path) -> dict[str, str]:
@@ -69,7 +71,11 @@ def test_a_bad_worker_count_is_refused(value: object) -> None:
 ])
 def test_the_plan_follows_cpus_and_layers(requested: int | None, cpus: int, processes: int, lanes: int) -> None:
     plan = plan_workers(requested, LAYOUT_120B, SOURCE_MXFP4, cpus=(cpus, "test"), memory=(1 << 50, "test"))
-    assert (plan.processes, plan.lanes, plan.workers, plan.note) == (processes, lanes, processes * lanes, None)
+    assert (plan.processes, plan.lanes, plan.workers) == (processes, lanes, processes * lanes)
+    capped = requested is not None and processes * lanes < requested  # said, never silent
+    assert (plan.note is not None) == capped
+    if capped:
+        assert plan.note.startswith(f"{requested:,} workers asked for, {processes * lanes} run")
 
 
 def test_the_plan_is_bounded_by_memory_and_says_why() -> None:
@@ -249,13 +255,19 @@ def test_a_failure_in_a_worker_leaves_nothing_and_says_one_line(sources: dict[st
     run = _faulty_run(tmp_path, sources[SOURCE_MXFP4], fault)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 2, err
-    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    lines = [line for line in err.splitlines() if not PROGRESS_LINE.match(line)]  # a slow host prints progress
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
     assert list((tmp_path / "run").iterdir()) == []  # no OUT, no hidden partial directory
     assert _gone(run.pid), "worker processes outlived the run"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_ctrl_c_ends_the_workers_and_leaves_nothing(sources: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, False)])
+def test_a_signal_ends_the_workers_and_leaves_nothing(sources: dict[str, Path], tmp_path: Path, signum: int,
+                                                      to_group: bool) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it), and SIGTERM or SIGHUP
+    to the main process alone (kill, timeout, docker stop): the workers end, nothing is left,
+    and the one sentence names the signal."""
     (tmp_path / "run").mkdir()
     run = _faulty_run(tmp_path, sources[SOURCE_MXFP4], "sleep")
     deadline = time.monotonic() + 60
@@ -263,18 +275,82 @@ def test_ctrl_c_ends_the_workers_and_leaves_nothing(sources: dict[str, Path], tm
         time.sleep(0.1)
     time.sleep(1.0)  # layer 2's worker is asleep, the others are done
     assert list((tmp_path / "run").iterdir()), "the partial directory exists while converting"
-    os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    if to_group:
+        os.killpg(run.pid, signum)  # what a terminal's Ctrl-C does: the whole process group
+    else:
+        os.kill(run.pid, signum)
     _, err = run.communicate(timeout=60)
-    assert run.returncode == 130 and "interrupted" in err, err
+    lines = [line for line in err.splitlines() if not PROGRESS_LINE.match(line)]
+    assert run.returncode == 128 + signum and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"nxdi-gptoss-fp8 convert: interrupted by {signal.Signals(signum).name}")
+    assert lines[0].endswith(f"the partial output was removed and OUT is as it was before the run (exit {128 + signum})")
     assert list((tmp_path / "run").iterdir()) == []
     assert _gone(run.pid), "worker processes outlived the run"
+
+
+def _children(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+
+
+SLOW_START = """
+import os, sys, time
+if "--multiprocessing-fork" in sys.orig_argv and "resource_tracker" not in " ".join(sys.orig_argv):
+    open(os.path.join(os.environ["STARTING_DIR"], str(os.getpid())), "w").close()
+    time.sleep(float(os.environ["STARTING_SECONDS"]))  # a worker still starting (importing)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_while_a_worker_starts_prints_only_the_sentence(sources: dict[str, Path], tmp_path: Path) -> None:
+    """A real SIGINT to the whole process group (a terminal's Ctrl-C) while a spawned worker is
+    still starting (held in its interpreter's start-up by a ``sitecustomize``): no multiprocessing
+    traceback from it, only the command's one sentence (what was interrupted, what was cleaned
+    up, the exit code), and nothing left behind."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "site").mkdir()
+    (tmp_path / "starting").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_START)
+    env = {**os.environ, "STARTING_DIR": str(tmp_path / "starting"), "STARTING_SECONDS": "3",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.Popen([sys.executable, "-m", "nxdi_gptoss_fp8", "convert", str(sources[SOURCE_MXFP4]),
+                            str(tmp_path / "run" / "out"), "--workers", "4"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list((tmp_path / "starting").iterdir()) and run.poll() is None:
+        time.sleep(0.01)
+    assert list((tmp_path / "starting").iterdir()), "no worker process started"
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if not PROGRESS_LINE.match(line)]
+    assert run.returncode == 130 and "Traceback" not in err, err
+    assert lines == ["nxdi-gptoss-fp8 convert: interrupted by SIGINT (Ctrl-C): the partial output was removed and "
+                     "OUT is as it was before the run (exit 130)"], err
+    assert list((tmp_path / "run").iterdir()) == []
+    assert _gone(run.pid), "worker processes outlived the run"
+
+
+@pytest.mark.parametrize("requested, layers, expected", [(1024, 4, 32), (5, 2, 4), (9, 4, 8), (17, 2, 16)])
+def test_a_capped_worker_count_is_said_never_silent(requested: int, layers: int, expected: int) -> None:
+    layout = fmt.Layout.unpadded(dataclasses.replace(SOURCE_DIMS, num_hidden_layers=layers))
+    plan = plan_workers(requested, layout, SOURCE_MXFP4, cpus=(2, "2 CPUs"), memory=(None, "unknown"))
+    assert plan.workers == expected
+    assert plan.note is not None and plan.note.startswith(f"{requested:,} workers asked for, {expected} run")
+
+
+def test_an_uncapped_worker_count_has_no_note() -> None:
+    layout = fmt.Layout.unpadded(FOUR_LAYERS)
+    for requested in (1, 2, 3, 4, 8):
+        assert plan_workers(requested, layout, SOURCE_MXFP4, cpus=(2, "2 CPUs"), memory=(None, "unknown")).note is None
 
 
 # --------------------------------------------------------------------------- CLI
 
 
 @pytest.mark.parametrize("command", ["convert", "verify-conversion"])
-@pytest.mark.parametrize("value", ["0", "-3", str(MAX_WORKERS + 1)])
+@pytest.mark.parametrize("value", ["0", "-3", str(MAX_WORKERS + 1), "9" * 30])
 def test_cli_refuses_a_bad_worker_count(sources: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                         command: str, value: str) -> None:
     source = str(sources[SOURCE_MXFP4])
@@ -283,6 +359,23 @@ def test_cli_refuses_a_bad_worker_count(sources: dict[str, Path], tmp_path: Path
     assert main([*argv, "--workers", value]) == 2
     err = capsys.readouterr().err
     assert f"--workers must be an integer from 1 to {MAX_WORKERS}, not {value}" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["convert", "verify-conversion"])
+@pytest.mark.parametrize("value", ["2.5", "four", "", "0x4"])
+def test_cli_refuses_a_worker_count_that_is_no_integer(sources: dict[str, Path], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str], command: str,
+                                                       value: str) -> None:
+    source = str(sources[SOURCE_MXFP4])
+    argv = [command, source, str(tmp_path / "out")] if command == "convert" else [command, source, "--source", source]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--workers", value])
+    assert exit_.value.code == 2 and "--workers: invalid int value" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, "--workers", value, "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert document["error"]["kind"] == "usage" and "--workers" in document["error"]["message"]
     assert not (tmp_path / "out").exists()
 
 

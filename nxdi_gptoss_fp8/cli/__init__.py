@@ -10,6 +10,7 @@ set NXDI_GPTOSS_FP8_DEBUG=1 for tracebacks. A closed stdout (``| head``) ends th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -24,6 +25,7 @@ from ..nxdi_config import switch_from_env
 from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, UsageError
 from .convert import add_convert_command, add_verify_conversion_command
 from .env import add_doctor_command, add_env_command
+from .failure import NOTHING_WRITTEN, JsonAwareParser, interrupt_signals, interrupted_message, report_failure
 from .make import add_demo_command, add_make_tiny_command
 from .nxdi import add_check_forward_command, add_inference_demo_command, add_selfcheck_command
 from .validate import add_inspect_command, add_validate_command
@@ -32,7 +34,7 @@ __all__ = ["DEBUG_ENV", "EXIT_BROKEN_PIPE", "EXIT_FINDINGS", "EXIT_OK", "EXIT_PA
 
 
 def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = JsonAwareParser(
         prog=prog,
         description=(
             "Validate, inspect, make and convert normalized static-FP8 GPT-OSS checkpoints for "
@@ -68,48 +70,55 @@ DEBUG_ENV = "NXDI_GPTOSS_FP8_DEBUG"
 
 def main(argv: Sequence[str] | None = None, prog: str = "nxdi-gptoss-fp8") -> int:
     parser = build_parser(prog)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a usage error: argparse's lines (and, with --json, the JSON error), exit 2
     for stream in (sys.stdout, sys.stderr):  # names from disk may not be valid UTF-8
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    as_json = bool(getattr(args, "json", False))
+
+    def fail(kind: str, message: str, code: int, exc: BaseException) -> int:
+        return report_failure(args.command, kind, message, code, as_json=as_json, error_type=type(exc).__name__,
+                              details=getattr(exc, "details", None))
+
     try:
         debug = switch_from_env(DEBUG_ENV, os.environ, "tracebacks")
     except ConfigError as exc:
-        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail("config", str(exc), EXIT_USAGE, exc)
     _log_to_stderr()
+    signals = interrupt_signals() if getattr(args, "signals", True) else contextlib.nullcontext()
     try:
-        code = int(args.handler(args))
-        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        with signals:
+            code = int(args.handler(args))
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except UsageError as exc:
-        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (MissingDependencyError, ConfigError) as exc:  # the environment or a setting, not the checkpoint
-        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail("usage", str(exc), EXIT_USAGE, exc)
+    except MissingDependencyError as exc:  # the environment, not the checkpoint
+        return fail("missing_dependency", str(exc), EXIT_USAGE, exc)
+    except ConfigError as exc:  # a setting
+        return fail("config", str(exc), EXIT_USAGE, exc)
     except ModuleNotFoundError as exc:  # an optional package that a lazy import needed
         if debug or (exc.name or "").split(".")[0] not in OPTIONAL:
             raise
-        print(f"nxdi-gptoss-fp8 {args.command}: {missing(exc.name or '')}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail("missing_dependency", missing(exc.name or ""), EXIT_USAGE, exc)
     except NxdiGptossFp8Error as exc:
         if debug:
             raise
-        print(f"nxdi-gptoss-fp8 {args.command}: {exc}", file=sys.stderr)
-        return EXIT_FINDINGS
+        return fail("refused", str(exc), EXIT_FINDINGS, exc)
     except OSError as exc:
         if debug:
             raise
         where = f" {exc.filename}" if exc.filename else ""
-        print(f"nxdi-gptoss-fp8 {args.command}: cannot access{where}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return fail("io", f"cannot access{where}: {exc.strerror or exc}", EXIT_USAGE, exc)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (Terminated): every with-block has unwound
+        message, code = interrupted_message(exc, getattr(args, "interrupted", NOTHING_WRITTEN))
+        with contextlib.suppress(OSError, ValueError):
+            return report_failure(args.command, "interrupted", message, code, as_json=as_json,
+                                  error_type="Interrupted")
+        return code
 
 
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]

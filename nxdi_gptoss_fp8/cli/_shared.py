@@ -12,10 +12,13 @@ from ..deps import require
 from ..errors import ConfigError
 from ..validate.pipeline import allow_custom_from_env
 
-__all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "UsageError", "usage_error"]
+__all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "PARTIAL_OUTPUT_REMOVED", "UsageError", "usage_error"]
 
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+# what an interrupted command that writes OUT leaves (its ``interrupted`` default; read-only
+# commands leave ``failure.NOTHING_WRITTEN``)
+PARTIAL_OUTPUT_REMOVED = "the partial output was removed and OUT is as it was before the run"
 
 
 class UsageError(Exception):
@@ -33,7 +36,7 @@ def usage_error(exc: Exception) -> UsageError:
     from ..errors import OutputWriteError
 
     if isinstance(exc, OutputWriteError):
-        return UsageError(str(exc), details={"error_type": "OutputWriteError", "path": exc.path,
+        return UsageError(str(exc), details={"type": "OutputWriteError", "path": exc.path,
                                              "errno": exc.errno_name})
     return UsageError(str(exc))
 

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import sys
-from collections.abc import Iterator
 from typing import Any
 
-from ..errors import MissingDependencyError, NxdiGptossFp8Error
 from ._shared import (
     EXIT_FINDINGS,
     EXIT_OK,
-    EXIT_USAGE,
+    PARTIAL_OUTPUT_REMOVED,
     UsageError,
     _add_output_options,
     _checkpoint_dir,
@@ -45,70 +41,6 @@ def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None,
     return resolved
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised in the main thread so every ``with`` block unwinds as for Ctrl-C
-    (the partial output is removed)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """Inside: SIGTERM (kill, timeout, docker stop, Kubernetes) and SIGHUP behave like SIGINT."""
-    def interrupt(signum: int, _frame: Any) -> None:
-        raise _Terminated(signum)
-
-    previous = {}
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError, OSError):  # not the main thread: leave the defaults
-            previous[signum] = signal.signal(signum, interrupt)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def _json_errors(handler: Any) -> Any:
-    """With ``--json``, an error is also printed on stdout as JSON (``ok`` false, ``error``,
-    ``exit_code``), so a caller parsing stdout never gets plain text; stderr keeps its line."""
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return int(handler(args))
-        except (UsageError, MissingDependencyError, NxdiGptossFp8Error, OSError, KeyboardInterrupt) as exc:
-            if getattr(args, "json", False) and not isinstance(exc, BrokenPipeError):
-                code = EXIT_FINDINGS if isinstance(exc, NxdiGptossFp8Error) and not isinstance(
-                    exc, MissingDependencyError) else EXIT_USAGE
-                if isinstance(exc, KeyboardInterrupt):
-                    code = 128 + getattr(exc, "signum", signal.SIGINT)
-                message = str(exc) if not isinstance(exc, KeyboardInterrupt) else _interrupted_text(exc)
-                print(json.dumps({"ok": False, "command": args.command, "error": message,
-                                  "error_type": type(exc).__name__.lstrip("_"), "exit_code": code,
-                                  **getattr(exc, "details", {})}, indent=2))
-                sys.stdout.flush()
-            raise
-
-    return run
-
-
-def _interrupted_text(exc: BaseException) -> str:
-    signum = getattr(exc, "signum", signal.SIGINT)
-    return f"interrupted ({signal.Signals(signum).name}): nothing was written, the partial output was removed"
-
-
-def _terminated(args: argparse.Namespace, exc: _Terminated, line: str) -> int:
-    """SIGTERM or SIGHUP: one line on stderr and, with ``--json``, the error as JSON on stdout (as
-    for Ctrl-C); exit 128 + the signal number."""
-    code = 128 + exc.signum
-    print(line, file=sys.stderr)
-    if getattr(args, "json", False):
-        print(json.dumps({"ok": False, "command": args.command, "error": _interrupted_text(exc),
-                          "error_type": "Terminated", "exit_code": code}, indent=2))
-    return code
-
-
 def _plan_or_refuse(args: argparse.Namespace, plan: Any) -> None:
     """``--dry-run`` prints the plan (and stops the command); a real run refuses a plan that does not fit."""
     if args.dry_run:
@@ -133,23 +65,19 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     sizes = {"padded_hidden_size": args.padded_hidden_size, "padded_intermediate_size": args.padded_intermediate_size,
              "max_shard_size": max_shard_size}
     try:
-        with _signals_interrupt():
-            try:
-                source = _resolve(args.src, args.revision, before_shards=lambda fetch: _plan_or_refuse(
-                    args, plan_from_hub(fetch, args.out, overwrite=args.overwrite, **sizes)))
-                options = {**sizes, "overwrite": args.overwrite, "provenance": source.provenance(),
-                           "extra_files": companion_files(source.path), "gate_up_split": args.ct_gate_up_split}
-                if args.dry_run:
-                    raise _PlanShown(plan(source.path, args.out, **options))
-                # convert() makes the same plan first and refuses at once when it does not fit
-                report = convert(source.path, args.out, progress=True, workers=workers, **options)
-            except ConversionError as exc:  # a source or output we cannot use, or a write that failed
-                raise usage_error(exc) from None
+        source = _resolve(args.src, args.revision, before_shards=lambda fetch: _plan_or_refuse(
+            args, plan_from_hub(fetch, args.out, overwrite=args.overwrite, **sizes)))
+        options = {**sizes, "overwrite": args.overwrite, "provenance": source.provenance(),
+                   "extra_files": companion_files(source.path), "gate_up_split": args.ct_gate_up_split}
+        if args.dry_run:
+            raise _PlanShown(plan(source.path, args.out, **options))
+        # convert() makes the same plan first and refuses at once when it does not fit
+        report = convert(source.path, args.out, progress=True, workers=workers, **options)
+    except ConversionError as exc:  # a source or output we cannot use, or a write that failed
+        raise usage_error(exc) from None
     except _PlanShown as shown:
         print(json.dumps(shown.plan.to_dict(), indent=2) if args.json else shown.plan.render_text())
         return EXIT_OK if shown.plan.ok else EXIT_FINDINGS
-    except _Terminated as exc:
-        return _terminated(args, exc, f"nxdi-gptoss-fp8 convert: {_interrupted_text(exc)}")
     print(json.dumps({"ok": True, **report.to_dict()}, indent=2) if args.json else report.render_text())
     return EXIT_OK
 
@@ -190,7 +118,7 @@ def add_convert_command(commands: Any) -> None:
                               "refused in one line (exit 2) by a dry run exactly as by a real run")
     _add_workers_option(convert, "encoded")
     convert.add_argument("--json", action="store_true", help="print the conversion report (or the plan, or the error) as JSON")
-    convert.set_defaults(handler=_json_errors(_cmd_convert))
+    convert.set_defaults(handler=_cmd_convert, interrupted=PARTIAL_OUTPUT_REMOVED)
 
 
 def _cmd_verify_conversion(args: argparse.Namespace) -> int:
@@ -200,16 +128,12 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
     from ..verify import verify_conversion
 
     workers = _workers(args.workers)
-    try:
-        with _signals_interrupt():
-            source = _resolve(args.source, args.revision, recorded_in=args.out)
-            try:  # arguments swapped, or a source that is not one: one line with the hint
-                report = verify_conversion(args.out, source.path, progress=True, gate_up_split=args.ct_gate_up_split,
-                                           given_source=args.source, workers=workers)
-            except ConversionError as exc:
-                raise UsageError(str(exc)) from None
-    except _Terminated as exc:
-        return _terminated(args, exc, f"nxdi-gptoss-fp8 verify-conversion: interrupted ({signal.Signals(exc.signum).name})")
+    source = _resolve(args.source, args.revision, recorded_in=args.out)
+    try:  # arguments swapped, or a source that is not one: one line with the hint
+        report = verify_conversion(args.out, source.path, progress=True, gate_up_split=args.ct_gate_up_split,
+                                   given_source=args.source, workers=workers)
+    except ConversionError as exc:
+        raise UsageError(str(exc)) from None
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
     return EXIT_OK if report.ok else EXIT_FINDINGS
 
@@ -230,7 +154,7 @@ def add_verify_conversion_command(commands: Any) -> None:
     _add_split_option(verify_conversion)
     _add_workers_option(verify_conversion, "compared")
     verify_conversion.add_argument("--json", action="store_true", help="print the report (or the error) as JSON")
-    verify_conversion.set_defaults(handler=_json_errors(_cmd_verify_conversion))
+    verify_conversion.set_defaults(handler=_cmd_verify_conversion)
 
 
 def _workers(value: int | None) -> int | None:
@@ -249,7 +173,8 @@ def _add_workers_option(command: argparse.ArgumentParser, what: str) -> None:
                          help=f"experts {what} at once: up to 3 as threads, from 4 on as N/2 worker processes "
                               "taking whole layers (default: the CPUs this process may use, after its affinity and "
                               "cgroup quota; one process for models under 1 GB); fewer, with a warning, when the "
-                              "available memory cannot hold them. The result does not depend on N")
+                              "available memory cannot hold them, or more than one process per layer and 8 lanes "
+                              "each would be needed. N is 1 … 1024. The result does not depend on N")
 
 
 def _add_split_option(command: argparse.ArgumentParser) -> None:

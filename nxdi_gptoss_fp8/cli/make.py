@@ -9,7 +9,16 @@ from typing import Any
 from .. import format as fmt
 from ..errors import NxdiGptossFp8Error
 from ..validate.pipeline import preflight
-from ._shared import EXIT_FINDINGS, EXIT_OK, UsageError, _add_output_options, _needs, _size, usage_error
+from ._shared import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    PARTIAL_OUTPUT_REMOVED,
+    UsageError,
+    _add_output_options,
+    _needs,
+    _size,
+    usage_error,
+)
 
 __all__ = ["add_demo_command", "add_make_tiny_command"]
 
@@ -100,7 +109,7 @@ def add_make_tiny_command(commands: Any) -> None:
         tiny.add_argument(flag, dest=field, type=int, metavar="N", help=meaning)
     _add_output_options(tiny, max_shard_size="64KB", why=", so even a tiny model has several")
     tiny.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    tiny.set_defaults(handler=_cmd_make_tiny)
+    tiny.set_defaults(handler=_cmd_make_tiny, interrupted=PARTIAL_OUTPUT_REMOVED)
 
 
 _SOURCE_KINDS = {"mxfp4": "HF MXFP4", "bf16": "HF BF16", "ct-fp8": "compressed-tensors FP8 (llm-compressor FP8_DYNAMIC)"}
@@ -154,4 +163,4 @@ def add_demo_command(commands: Any) -> None:
         description="No arguments: everything happens in a temporary directory that is removed afterwards. "
                     "Needs nothing but Python; the last step (the zero-copy load) runs when torch is installed.",
     )
-    demo.set_defaults(handler=_cmd_demo)
+    demo.set_defaults(handler=_cmd_demo, interrupted="its temporary directory was removed")

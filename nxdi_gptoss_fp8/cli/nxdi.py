@@ -59,7 +59,7 @@ def add_inference_demo_command(commands: Any) -> None:
         prefix_chars="\x00", add_help=False,
     )
     inference_demo.add_argument("nxdi_args", nargs=argparse.REMAINDER, metavar="ARGS")
-    inference_demo.set_defaults(handler=_cmd_inference_demo)
+    inference_demo.set_defaults(handler=_cmd_inference_demo, signals=False)  # NxDI's process: its own signal handling
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
@@ -88,7 +88,7 @@ def add_selfcheck_command(commands: Any) -> None:
     )
     selfcheck.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree; N > 1 runs N torchrun workers (gloo)")
     selfcheck.add_argument("--json", action="store_true", help="print the report as JSON")
-    selfcheck.set_defaults(handler=_cmd_selfcheck)
+    selfcheck.set_defaults(handler=_cmd_selfcheck, interrupted="its temporary directory was removed")
 
 
 def _cmd_check_forward(args: argparse.Namespace) -> int:
@@ -131,4 +131,4 @@ def add_check_forward_command(commands: Any) -> None:
     check_forward.add_argument("--allow-custom-model", action="store_true",
                                help=f"accept model_profile 'custom' (tiny test models); also {fmt.ALLOW_CUSTOM_ENV}=1")
     check_forward.add_argument("--json", action="store_true", help="print the report as JSON")
-    check_forward.set_defaults(handler=_cmd_check_forward)
+    check_forward.set_defaults(handler=_cmd_check_forward, interrupted="its temporary directory was removed")

@@ -15,7 +15,6 @@ from ._shared import (
     EXIT_FINDINGS,
     EXIT_OK,
     EXIT_PARTIAL,
-    EXIT_USAGE,
     UsageError,
     _allow_custom,
     _checkpoint_dir,
@@ -168,14 +167,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from ..recognize import NOT_A_DIRECTORY
 
     inspection = inspect_directory(args.path, allow_custom_model=_allow_custom(args))
-    if inspection.recognition.kind == NOT_A_DIRECTORY and not args.json:
+    if inspection.recognition.kind == NOT_A_DIRECTORY:  # a usage error, in text and JSON alike
         raise UsageError("; ".join(inspection.recognition.evidence))
     if args.json:
         print(json.dumps(inspection.to_dict(), indent=2))
     else:
         print(inspection.render_text())
-    if inspection.recognition.kind == NOT_A_DIRECTORY:
-        return EXIT_USAGE
     return EXIT_OK if inspection.succeeded else EXIT_FINDINGS
 
 

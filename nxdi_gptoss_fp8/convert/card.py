@@ -28,12 +28,14 @@ from .output import ConversionReport
 from .source import Source
 
 CARD_FILE = "README.md"
+# a Hub commit or a plain branch/tag name: nothing a shell reads as anything but one word
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_CUSTOM_NOTE = (f"This is a custom-profile model: `validate` needs `--allow-custom-model`, and loading it needs "
+                f"`{fmt.ALLOW_CUSTOM_ENV}=1` in NxDI's environment. ")
 MAX_SOURCE_CARD_BYTES = 1 << 20
 TAGS = ("gpt-oss", "fp8", "neuron", "nxdi", "normalized-fp8", "nxdi-gptoss-fp8")
 PIPELINE_TAG = "text-generation"
 _LICENSE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
-_YAML_NON_STRINGS = frozenset({"null", "true", "false"})  # plain scalars YAML reads as null or a boolean
-_FRONT_MATTER_LICENSE = re.compile(r"""^license:\s*(?P<q>["']?)(?P<value>[^"'#\s]+)(?P=q)\s*(?:#.*)?$""")
 SOURCE_FORMATS = {"hf-mxfp4": "HF MXFP4", "hf-bf16": "HF BF16", "compressed-tensors-fp8": "compressed-tensors FP8"}
 
 
@@ -77,26 +79,93 @@ def front_matter(fields: Mapping[str, Any]) -> str:
     return "\n".join([*lines, "---"]) + "\n"
 
 
+# what YAML reads as something other than the string written (YAML 1.1 booleans, null)
+_YAML_NON_STRINGS = frozenset({"null", "true", "false", "yes", "no", "on", "off", "y", "n"})
+_YAML_NULLS = frozenset({"null", "Null", "NULL", "~"})
+_LICENSE_KEY = re.compile(r"""^(?P<q>["']?)license(?P=q)\s*:""")  # a quoted key is the same key to YAML
+# a top-level value that starts a quoted scalar or a flow collection must end on its line, or
+# the lines after it may belong to it: then the card's structure is not read by lines
+_OPENS = {'"': re.compile(r'^"(?:[^"\\]|\\.)*"\s*(?:#.*)?$'), "'": re.compile(r"^'(?:[^']|'')*'\s*(?:#.*)?$")}
+_LINE_BREAKS = re.compile(r"\r\n|\r|\n")
+_OTHER_BREAKS = re.compile("[\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # Python or YAML 1.1 may break lines here
+
+
+def _front_matter_lines(text: str) -> list[str] | None:
+    """The lines of the front matter of a card (between a first ``---`` line and the next), or
+    None when there is none or it holds a character YAML and Python split lines at differently."""
+    lines = _LINE_BREAKS.split(text.removeprefix("\ufeff"))
+    if not lines or lines[0].rstrip() != "---":
+        return None
+    end = next((i for i, line in enumerate(lines[1:], 1) if line.rstrip() == "---"), None)
+    if end is None:
+        return None
+    body = lines[1:end]
+    return None if any(_OTHER_BREAKS.search(line) for line in body) else body
+
+
+def _plain_license(value: str) -> str | None:
+    """The license id a top-level ``license:`` value states as a plain string YAML reads back as
+    exactly this text (unquoted, or in simple quotes), else None."""
+    value = re.sub(r"\s+#.*$", "", value).strip()
+    quoted = len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'"
+    text = value[1:-1] if quoted else value
+    if not _LICENSE.match(text) or (not quoted and (not text[0].isalpha() or text.lower() in _YAML_NON_STRINGS)):
+        return None
+    return text
+
+
+def _ends_on_its_line(line: str) -> bool:
+    """Whether a front-matter line that starts a top-level quoted scalar or flow collection
+    also ends it (other lines: True)."""
+    match = re.match(r"^[^\s#][^:]*:\s*(?P<value>.*)$", line)
+    value = match.group("value").strip() if match else ""
+    if not value or value[0] not in "\"'[{":
+        return True
+    if value[0] in _OPENS:
+        return bool(_OPENS[value[0]].match(value))
+    flow = re.sub(r"\s+#.*$", "", value)
+    return not re.search("[\"'#]", flow) and flow.count("[") == flow.count("]") and \
+        flow.count("{") == flow.count("}") and flow[-1] == {"[": "]", "{": "}"}[flow[0]]
+
+
+def _continued(lines: list[str], line: str) -> bool:
+    """Whether an indented line follows ``line`` before the next top-level one (a multi-line
+    value, or a nested block: either way not the one-line value it shows)."""
+    after = lines[lines.index(line) + 1:]
+    for following in after:
+        if following.strip() and not following[0].isspace():
+            return False
+        if following.strip():
+            return True
+    return False
+
+
 def source_license(root: str, config: Mapping[str, Any]) -> str | None:
-    """The license id the source states: its card's front matter ``license:``, else config.json's
-    ``license``; None when neither states one as a plain id."""
+    """The license id the source states, when the card can state exactly the same: its card's
+    front matter ``license:`` as a plain id (a number, a list, a boolean, an alias, a tagged or
+    multi-line value, a repeated key or a front matter whose lines cannot be trusted: None, the
+    card then names none), else, when the card's front matter has no ``license`` key or states
+    it null, config.json's ``license`` as a plain id."""
     try:
         with open_regular(os.path.join(root, CARD_FILE)) as handle:
             text = handle.read(MAX_SOURCE_CARD_BYTES).decode("utf-8", errors="replace")
     except (OSError, NotRegularFileError):
         text = ""
-    lines = text.splitlines()
-    if lines and lines[0].strip() == "---":
-        for line in lines[1:]:
-            if line.strip() == "---":
-                break
-            match = _FRONT_MATTER_LICENSE.match(line.rstrip())
-            if match and _LICENSE.match(match.group("value")):
-                if not match.group("q") and match.group("value").lower() in _YAML_NON_STRINGS:
-                    break  # `license: null` states no license
-                return match.group("value")
+    lines = _front_matter_lines(text)
+    content = [line for line in lines or [] if line.strip() and not line.lstrip().startswith("#")]
+    if content and (content[0][0].isspace() or any(line.startswith(("?", "<<")) for line in content)):
+        return None  # an indented top-level mapping, an explicit or a merge key: not read by lines
+    if lines is not None:
+        stated = [line for line in lines if _LICENSE_KEY.match(line)]
+        if stated:
+            if (len(stated) != 1 or stated[0][0] in "\"'" or not all(_ends_on_its_line(line) for line in lines)
+                    or _continued(lines, stated[0])):
+                return None
+            value = re.sub(r"\s+#.*$", "", stated[0].split(":", 1)[1]).strip()
+            if value not in _YAML_NULLS:  # `license: null` states none: config.json may
+                return _plain_license(value)
     value = config.get("license")
-    return value if isinstance(value, str) and _LICENSE.match(value) else None
+    return value if isinstance(value, str) and _plain_license(value) == value else None
 
 
 def loading_neuron_config(layout: fmt.Layout, path: str = "/path/to/this/directory") -> dict[str, Any]:
@@ -109,16 +178,6 @@ def _tp_degrees(padded_intermediate: int) -> str:
     return ", ".join(str(d) for d in (1, 2, 4, 8, 16, 32, 64) if padded_intermediate % d == 0)
 
 
-def _exactness(report: ConversionReport) -> str:
-    if report.requantized:
-        return (f"quantized afresh from BF16 with per-channel amax/240 scales: worst relative error "
-                f"{report.max_rel_error:.3g} over {report.fp8_values:,} expert values")
-    flushed = sum(s.flushed_to_zero for s in report.experts)
-    return (f"{report.fp8_values - report.inexact_values:,} of {report.fp8_values:,} expert values exact; "
-            f"{report.inexact_values:,} inexact ({flushed:,} flushed to zero), worst relative error "
-            f"{report.max_rel_error:.3g}")
-
-
 def render_card(report: ConversionReport, source: Source, layout: fmt.Layout, provenance: Mapping[str, Any],
                 companions: Sequence[str]) -> str:
     """The card's text (front matter and body); it names no output path, so two conversions of one
@@ -127,6 +186,7 @@ def render_card(report: ConversionReport, source: Source, layout: fmt.Layout, pr
     repo = repo if isinstance(repo, str) and is_repo_id(repo) else None
     name = f"{repo.split('/')[1] if repo else report.profile}-normalized-fp8"
     revision = provenance.get("revision") if repo else None
+    revision = revision if isinstance(revision, str) and _REVISION.match(revision) else None
     license_id = source_license(source.root, source.config)
     fields: dict[str, Any] = {"base_model": repo, "base_model_relation": "quantized" if repo else None,
                               "license": license_id, "pipeline_tag": PIPELINE_TAG, "tags": list(TAGS)}
@@ -140,6 +200,8 @@ def render_card(report: ConversionReport, source: Source, layout: fmt.Layout, pr
     neuron_config = json.dumps(loading_neuron_config(layout), indent=2)
     verify_source = repo or "SRC"
     verify = f"nxdi-gptoss-fp8 verify-conversion . --source {verify_source}" + (f" --revision {revision}" if revision else "")
+    custom = report.profile == fmt.PROFILE_CUSTOM  # the card's own commands carry the opt-in it needs
+    validate = "nxdi-gptoss-fp8 validate . --neuron-config ../neuron_config.json" + (" --allow-custom-model" if custom else "")
     companions_text = ", ".join(f"`{c}`" for c in companions) if companions else "none (add the source's tokenizer before serving)"
     body = f"""
 # {name}: normalized static FP8 for AWS NeuronX Distributed Inference
@@ -156,7 +218,7 @@ then zero-copy loading, with no conversion at load time.
 | source | {source_text}, {SOURCE_FORMATS.get(report.source_format, report.source_format)} |
 | converter | nxdi-gptoss-fp8 {__version__} (`nxdi-gptoss-fp8 convert`) |
 | padding | {padding} |
-| exactness | {_exactness(report)} |
+| exactness | {report.exactness_text()} |
 | tensors | {report.tensors:,} tensors, {report.bytes_written:,} bytes ({report.fp8_bytes:,} FP8) |
 | companion files | {companions_text} |
 
@@ -187,11 +249,11 @@ it, and Harmony's `o200k_base.tiktoken` in `TIKTOKEN_ENCODINGS_BASE`
 ## Validate it
 
 ```bash
-nxdi-gptoss-fp8 validate . --neuron-config ../neuron_config.json   # headers and scales, seconds, any host
+{validate}   # headers and scales, seconds, any host
 {verify}   # value by value against the source
 ```
 
-`validate` runs the same preflight the loader runs, with the settings above saved as
+{_CUSTOM_NOTE if custom else ""}`validate` runs the same preflight the loader runs, with the settings above saved as
 `neuron_config.json` outside this directory (inside, it would look like a compiled NxDI model);
 `verify-conversion` re-reads this directory and its source one expert at a
 time (every non-expert tensor bit-exact, every FP8 value exact where E4M3 allows and within half

@@ -202,7 +202,9 @@ class ExpertEncoder:
 
 @dataclass
 class Exactness:
-    """How many values did not survive exactly, and the worst relative error among them."""
+    """How many values did not survive exactly: ``flushed_to_zero`` of them became 0, the rest
+    were rounded to a non-zero value, ``max_rel_error`` the worst relative error among those
+    (a flushed value's error is 1 by definition: counted, never folded into the worst error)."""
 
     values: int = 0
     inexact: int = 0
@@ -235,8 +237,9 @@ def exactness(blocks: torch.Tensor, scales: torch.Tensor, t: torch.Tensor) -> Ex
     result.inexact = int(wrong.sum())
     if result.inexact:
         result.flushed_to_zero = int((wrong & (got == 0)).sum())
-        rel = (got - wanted).abs()[wrong] / wanted.abs()[wrong]
-        result.max_rel_error = float(rel.max())
+        rounded = wrong & (got != 0)
+        if bool(rounded.any()):
+            result.max_rel_error = float(((got - wanted).abs()[rounded] / wanted.abs()[rounded]).max())
     return result
 
 

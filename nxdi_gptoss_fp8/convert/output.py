@@ -56,6 +56,13 @@ class ExpertStats:
         return cls(name, exactness.values, exactness.inexact, exactness.flushed_to_zero, exactness.max_rel_error)
 
 
+def _inexact_text(stats: ExpertStats) -> str:
+    rounded = stats.inexact - stats.flushed_to_zero
+    parts = [f"{rounded} rounded (worst relative error {stats.max_rel_error:.3g})"] if rounded else []
+    parts += [f"{stats.flushed_to_zero} flushed to zero"] if stats.flushed_to_zero else []
+    return ", ".join(parts)
+
+
 @dataclass
 class ConversionReport:
     """What ``convert`` did: source, output, bytes, time and per-tensor exactness."""
@@ -98,9 +105,29 @@ class ConversionReport:
         """True when the experts were quantized afresh (amax/240) rather than re-encoded."""
         return any(s.mean_rel_error is not None for s in self.experts)
 
+    @property
+    def flushed_to_zero(self) -> int:
+        return sum(s.flushed_to_zero for s in self.experts)
+
+    def exactness_text(self) -> str:
+        """The exactness in words: exact, rounded (with the worst relative error among them) and
+        flushed to zero, counted apart (a flushed value's relative error is 1 by definition)."""
+        flushed = self.flushed_to_zero
+        if self.requantized:
+            text = (f"quantized afresh from BF16 with per-channel amax/240 scales: worst relative error "
+                    f"{self.max_rel_error:.3g} over {self.fp8_values:,} expert values")
+            return text + (f"; {flushed:,} small values flushed to zero" if flushed else "")
+        rounded = self.inexact_values - flushed
+        text = f"{self.fp8_values - self.inexact_values:,} of {self.fp8_values:,} expert values exact"
+        if rounded:
+            text += f"; {rounded:,} rounded (worst relative error {self.max_rel_error:.3g})"
+        if flushed:
+            text += f"; {flushed:,} flushed to zero"
+        return text
+
     def exactness_summary(self) -> dict[str, Any]:
         return {"fp8_values": self.fp8_values, "inexact_values": self.inexact_values,
-                "flushed_to_zero": sum(s.flushed_to_zero for s in self.experts),
+                "flushed_to_zero": self.flushed_to_zero,
                 "max_rel_error": self.max_rel_error}
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,18 +148,15 @@ class ConversionReport:
         if self.workers:
             lines.append(f"  {self.workers}; measured peak RSS per process {format_bytes(self.peak_rss_per_process)}")
         if not self.requantized:
-            lines.append(
-                f"  exactness: {self.fp8_values - self.inexact_values} of {self.fp8_values} expert values exact "
-                f"({self.inexact_values} inexact, worst relative error {self.max_rel_error:.3g})"
-            )
+            lines.append(f"  exactness: {self.exactness_text()}")
             worst = sorted((s for s in self.experts if s.inexact), key=lambda s: -s.inexact)[:limit]
-            lines += [f"    {s.name}: {s.inexact} inexact ({s.flushed_to_zero} flushed to zero), "
-                      f"worst {s.max_rel_error:.3g}" for s in worst]
+            lines += [f"    {s.name}: {_inexact_text(s)}" for s in worst]
         else:
             lines.append(f"  amax/240 scaling: worst relative error {self.max_rel_error:.3g} over "
                          f"{self.fp8_values} expert values (per tensor below)")
-            lines += [f"    {s.name}: max {s.max_rel_error:.3g}, mean {s.mean_rel_error or 0.0:.3g}, "
-                      f"{s.flushed_to_zero} flushed to zero" for s in self.experts[:limit]]
+            lines += [f"    {s.name}: max {s.max_rel_error:.3g}, mean {s.mean_rel_error or 0.0:.3g}"
+                      + (f", {s.flushed_to_zero} flushed to zero" if s.flushed_to_zero else "")
+                      for s in self.experts[:limit]]
             if len(self.experts) > limit:
                 lines.append(f"    … {len(self.experts) - limit} more (see to_dict())")
         return "\n".join(lines)

@@ -79,13 +79,17 @@ def _classify(names: set[str]) -> SourceKind:
     raise ConversionError(f"unrecognized source layout: {what} (found {len(names)} tensors, e.g. {sample})")
 
 
-def open_source(src: str | os.PathLike[str], *, gate_up_split: str | None = None) -> Source:
+def open_source(src: str | os.PathLike[str], *, gate_up_split: str | None = None,
+                recorded_gate_up_split: str | None = None) -> Source:
     """Detect and validate a source checkpoint directory.
 
     Args:
         src: an HF MXFP4, HF BF16 or compressed-tensors FP8 GPT-OSS checkpoint directory.
         gate_up_split: for compressed-tensors sources whose files cannot tell it,
-            ``"interleaved"`` or ``"halves"`` (see ``compressed_tensors.SPLIT_HELP``).
+            ``"interleaved"`` or ``"halves"`` (see ``compressed_tensors.SPLIT_HELP``); refused
+            for any other source kind (the user named an option that does not apply).
+        recorded_gate_up_split: the split a converted output records, the default for a
+            compressed-tensors source when ``gate_up_split`` is None; ignored for other kinds.
 
     Raises ``ConversionError`` naming what was found when it is none of these.
     """
@@ -95,6 +99,8 @@ def open_source(src: str | os.PathLike[str], *, gate_up_split: str | None = None
     if gate_up_split is not None and kind.name != SOURCE_COMPRESSED_TENSORS:
         raise ConversionError(f"--ct-gate-up-split is for compressed-tensors FP8 sources only, and {root} is an "
                               f"{kind.name} source: drop the option")
+    if gate_up_split is None and kind.name == SOURCE_COMPRESSED_TENSORS:
+        gate_up_split = recorded_gate_up_split
     stated = {} if gate_up_split is None else {"gate_up_split": gate_up_split}
     options = kind.resolve(config, dims, tensors, os.path.join(root, fmt.CONFIG_FILE), stated)
     check_tensors(tensors, kind.specs(dims, options), kind.name)

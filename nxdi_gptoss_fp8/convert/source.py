@@ -10,6 +10,7 @@ against the index before any tensor is read.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -17,18 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 from .. import format as fmt
 from .._version import __version__
-from ..errors import ConversionError
-from ..safeio.files import not_regular_reason
-from ..safeio.json_file import JsonFileError, read_json_file
+from ..errors import ConversionError, NotRegularFileError
+from ..safeio.files import not_regular_reason, open_regular
+from ..safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from ..safeio.safetensors_header import HeaderError, TensorInfo, read_header
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "EXPERTS", "FLOAT_DTYPES", "HF_PREFIX", "SINGLE_FILE", "Source", "SourceReader", "SourceSpec",
+    "EXPERTS", "FINGERPRINT_FIELDS", "FINGERPRINT_PARTS", "FLOAT_DTYPES", "HF_PREFIX", "SINGLE_FILE", "Source", "SourceReader", "SourceSpec",
     "check_claimed_dims", "check_tensors", "expert_source_name", "header", "listing", "non_expert_names",
-    "non_expert_specs", "read_json", "read_source_files", "shard_files",
+    "non_expert_specs", "read_json", "read_source_files", "shard_files", "source_fingerprint",
 ]
 
 HF_PREFIX = "model."
@@ -94,15 +95,48 @@ class Source:
     options: dict[str, Any] = field(default_factory=dict)
 
     def provenance(self) -> dict[str, Any]:
-        """What the index's ``source`` metadata records (no timestamps: output is reproducible)."""
-        record: dict[str, Any] = {"format": self.kind, "path": self.root,
-                                  "converter": f"nxdi-gptoss-fp8 {__version__}", **self.options}
-        match = _HF_SNAPSHOT.search(self.root)
+        """What the index's ``source`` metadata records: what identifies the source wherever it
+        sits (its format, the Hub repo and commit when it is an HF cache snapshot, its
+        ``fingerprint``), never the local path it was read from; no timestamps, so the output is
+        reproducible. ``config.json``'s ``_name_or_path`` is inert and names no repo here."""
+        record: dict[str, Any] = {"format": self.kind, "converter": f"nxdi-gptoss-fp8 {__version__}", **self.options}
+        match = _HF_SNAPSHOT.search(self.root.replace(os.sep, "/"))
         if match:
             record["repo"], record["revision"] = f"{match.group(1)}/{match.group(2)}", match.group(3)
-        elif isinstance(self.config.get("_name_or_path"), str):
-            record["repo"] = self.config["_name_or_path"]
+        record["fingerprint"] = self.fingerprint()
         return record
+
+    def fingerprint(self) -> dict[str, str]:
+        """What identifies this source's files, not where they are (``source_fingerprint``): reads
+        the config, the headers and a few blocks of each shard, so ``verify-conversion`` can tell
+        at once whether a source is the one an output records."""
+        return source_fingerprint(self.root, sorted({path for path, _info in self.tensors.values()}))
+
+
+FINGERPRINT_FIELDS = ("config_sha256", "headers_sha256", "samples_sha256")
+FINGERPRINT_PARTS = {"config_sha256": "config.json", "headers_sha256": "shard headers",
+                     "samples_sha256": "sampled tensor data"}
+
+
+def source_fingerprint(root: str, shard_paths: list[str]) -> dict[str, str]:
+    """``Source.fingerprint`` of the files at ``root``: SHA-256 of ``config.json``, of every
+    shard's name and header, and of every shard's name and evenly spread data samples (the
+    pre-sharded manifest's blocks); ``ConversionError`` when a file cannot be read."""
+    from ..validate.presharded_manifest import SAMPLE_BLOCK, SAMPLE_BLOCKS, read_rank
+
+    config_path = os.path.join(root, fmt.CONFIG_FILE)
+    try:
+        with open_regular(config_path) as handle:
+            config = hashlib.sha256(handle.read(MAX_JSON_FILE_BYTES + 1)).hexdigest()
+        headers, samples = hashlib.sha256(), hashlib.sha256()
+        for path in shard_paths:
+            read = read_rank(path, SAMPLE_BLOCKS, SAMPLE_BLOCK)
+            name = os.path.basename(path)
+            headers.update(f"{name}\0{hashlib.sha256(read.header).hexdigest()}\n".encode())
+            samples.update(f"{name}\0{read.sample_sha256}\n".encode())
+    except (OSError, NotRegularFileError, HeaderError) as exc:
+        raise ConversionError(f"cannot fingerprint the source at {root}: {getattr(exc, 'strerror', None) or exc}") from None
+    return {"config_sha256": config, "headers_sha256": headers.hexdigest(), "samples_sha256": samples.hexdigest()}
 
 
 class SourceReader:

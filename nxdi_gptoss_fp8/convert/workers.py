@@ -29,7 +29,7 @@ import multiprocessing
 import os
 import resource
 import signal
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -45,7 +45,7 @@ __all__ = [
     "MAX_WORKERS", "MIN_PARALLEL_BYTES", "POLL_SECONDS", "PROCESS_BYTES", "ConversionWorkers", "ConvertJob",
     "LayerOutcome", "LayerPool", "ShardFiles", "SharedProgress", "T", "WorkerPlan", "available_memory",
     "check_workers", "host_cpus", "lane_buffers", "peak_rss", "plan_workers", "process_bytes",
-    "refuse_in_worker_start",
+    "refuse_in_worker_start", "sigint_blocked",
 ]
 
 MAX_WORKERS = 1024
@@ -243,6 +243,10 @@ def plan_workers(requested: int | None, layout: fmt.Layout, kind: str, *,
                     f"{format_bytes(process_bytes(layout, kind, fit_lanes))} peak RSS per process, "
                     f"{format_bytes(available)} available ({where})")
             processes, lanes = fits, fit_lanes
+    if note is None and requested is not None and processes * lanes < workers:  # capped: said, never silent
+        note = (f"{plural(workers, 'worker')} asked for, {processes * lanes} run ({plural(processes, 'process', 'processes')}"
+                f" × {plural(lanes, 'lane')}): the same lanes in every process, at most one process per layer "
+                f"({layout.dims.num_hidden_layers} layers) and {MAX_LANES} lanes per process")
     return WorkerPlan(workers=processes * lanes, processes=processes, lanes=lanes,
                       process_bytes=process_bytes(layout, kind, lanes), note=note)
 
@@ -282,13 +286,40 @@ def _start_worker(parent: int, setup: Callable[..., None], args: tuple[Any, ...]
     setup(*args)
 
 
+@contextlib.contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread while a helper process is started inside: Ctrl-C reaches
+    the whole process group, and a process still importing (before it ignores SIGINT) would
+    print a multiprocessing traceback. The blocked mask survives the exec, and the pending
+    SIGINT is dropped once the process ignores it (``_start_worker``; multiprocessing's
+    resource tracker does the same). Here the block lasts only for the start: a Ctrl-C
+    meanwhile reaches this process right after."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+class _QuietStartProcess(multiprocessing.context.SpawnProcess):
+    """A spawned worker started with SIGINT blocked (``sigint_blocked``)."""
+
+    def start(self) -> None:
+        with sigint_blocked():
+            super().start()
+
+
+class _QuietStartContext(multiprocessing.context.SpawnContext):
+    Process = _QuietStartProcess
+
+
 class LayerPool:
     """``processes`` spawned worker processes, each set up once with ``setup(*args)`` (a
     module-level function: it is pickled by name). Leaving the block normally waits for them;
     leaving it by an exception (Ctrl-C included) kills them at once."""
 
     def __init__(self, processes: int, setup: Callable[..., None], args: tuple[Any, ...]) -> None:
-        self._executor = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
+        self._executor = ProcessPoolExecutor(processes, mp_context=_QuietStartContext(),
                                              initializer=_start_worker, initargs=(os.getpid(), setup, args))
 
     def __enter__(self) -> LayerPool:
@@ -438,7 +469,8 @@ class ConversionWorkers:
     def __init__(self, plan: WorkerPlan, source: Any, kind: Any, layout: fmt.Layout, writer: CheckpointWriter,
                  by_layer: dict[int, list[tuple[str, str]]]) -> None:
         assert writer.tmp is not None, "the writer's block must be entered first"
-        self._counter = multiprocessing.get_context("spawn").Value("q", 0)
+        with sigint_blocked():  # the lock may start multiprocessing's resource tracker
+            self._counter = multiprocessing.get_context("spawn").Value("q", 0)
         job = ConvertJob(source, kind, layout, writer.tmp, dict(writer.planned), by_layer, plan.lanes, self._counter)
         self._pool = LayerPool(plan.processes, _setup_convert, (job,))
         self.peak_rss = 0

@@ -382,12 +382,13 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str,
 
 def _count_rounded(counts: torch.Tensor, exactness: Exactness) -> None:
     """Add the bottom-binade magnitudes m (``counts[m]`` bytes each, odd m only: the values
-    halving rounds) with their worst relative error."""
-    present = counts[1:16:2] > 0
+    halving rounds) with the worst relative error of those rounded to a non-zero value (m = 1
+    halves to 0: flushed to zero, counted apart)."""
+    present = counts[3:16:2] > 0
     exactness.inexact += int(counts[1:16:2].sum())
     exactness.flushed_to_zero += int(counts[1])
     if bool(present.any()):
-        exactness.max_rel_error = max(exactness.max_rel_error, float(_ROUNDED_REL_ERROR[1:16:2][present].max()))
+        exactness.max_rel_error = max(exactness.max_rel_error, float(_ROUNDED_REL_ERROR[3:16:2][present].max()))
 
 
 def _encode_gate_up(lane: Lane, gate: torch.Tensor, gate_scale: torch.Tensor, up: torch.Tensor,

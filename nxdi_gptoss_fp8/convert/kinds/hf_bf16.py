@@ -99,7 +99,8 @@ def _projection(reader: SourceReader, layer: int, proj: str, out: Output) -> Exp
         scales_out[expert] = scale[0]
         error = (q.float() * scale - dense).abs()[0]
         mask = dense != 0
-        rel = error[mask] / dense.abs()[mask]
+        kept = mask & (q[0].float() != 0)  # a value flushed to zero is counted apart, not as error 1
+        rel = error[kept] / dense.abs()[kept]
         stats.values += weight.numel()
         stats.inexact += int((error != 0).sum())
         stats.flushed_to_zero += int((mask & (q[0].float() == 0)).sum())

@@ -1,0 +1,135 @@
+"""How a command fails: one line on stderr and, with ``--json``, one JSON error document on stdout.
+
+Every way a command can end without its result goes through ``report_failure``: a usage error
+argparse finds (``JsonAwareParser``), a usage error of our own, a missing dependency, a refusal,
+an I/O error, Ctrl-C, SIGTERM or SIGHUP (``interrupt_signals``). The JSON shape is the same for
+all of them::
+
+    {"ok": false, "command": "convert", "exit_code": 2,
+     "error": {"kind": "usage", "type": "UsageError", "message": "..."}}
+
+``kind`` is one of ``ERROR_KINDS``; ``message`` is the stderr line without its
+``nxdi-gptoss-fp8 COMMAND:`` prefix. A command's own result with ``ok`` false (findings, a failed
+verification) is not a failure: it is printed as that command's report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NoReturn
+
+__all__ = [
+    "ERROR_KINDS", "EXIT_INTERRUPTED", "NOTHING_WRITTEN", "JsonAwareParser", "Terminated", "error_document", "interrupt_signals",
+    "interrupted_message", "report_failure", "wants_json",
+]
+
+ERROR_KINDS = ("usage", "missing_dependency", "config", "refused", "io", "interrupted")
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+PROG = "nxdi-gptoss-fp8"
+NOTHING_WRITTEN = "nothing was written"  # what an interrupted read-only command leaves
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` asks for ``--json`` (as argparse reads it: the option or an
+    abbreviation of it, before a ``--``)."""
+    for token in argv:
+        if token == "--":
+            return False
+        if len(token) >= 3 and "--json".startswith(token):
+            return True
+    return False
+
+
+def error_document(command: str | None, kind: str, message: str, exit_code: int, error_type: str,
+                   details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The one JSON error shape (see the module docstring); ``details`` are extra fields of
+    ``error`` (a failed write's ``type``, ``path`` and ``errno``)."""
+    assert kind in ERROR_KINDS, kind
+    return {"ok": False, "command": command, "exit_code": exit_code,
+            "error": {"kind": kind, "type": error_type, "message": message, **(details or {})}}
+
+
+def report_failure(command: str | None, kind: str, message: str, exit_code: int, *, as_json: bool,
+                   error_type: str, details: Mapping[str, Any] | None = None) -> int:
+    """Print the failure (stderr line; with ``as_json`` the document on stdout) and return ``exit_code``."""
+    prefix = f"{PROG} {command}" if command else PROG
+    print(f"{prefix}: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(error_document(command, kind, message, exit_code, error_type, details), indent=2))
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+    return exit_code
+
+
+class JsonAwareParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are also the JSON error document on stdout when
+    the command line asks for ``--json`` (subcommand parsers inherit the class and the argv)."""
+
+    argv: Sequence[str] = ()  # the command line being parsed, set by the top-level parse_args
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        JsonAwareParser.argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        if wants_json(JsonAwareParser.argv):
+            names = self._command_names()  # empty on a subcommand's parser, whose prog ends with its name
+            command = next((t for t in JsonAwareParser.argv if t in names), None) if names else self.prog.split()[-1]
+            self.print_usage(sys.stderr)
+            report_failure(command, "usage", message, 2, as_json=True, error_type="UsageError")
+            self.exit(2)
+        super().error(message)
+
+
+    def _command_names(self) -> set[str]:
+        """The subcommands of this parser (the top-level one reports an unrecognized argument
+        after the subcommand parsed: the command line then names the command)."""
+        return {name for action in self._actions if isinstance(action, argparse._SubParsersAction)
+                for name in action.choices}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread so every ``with`` block unwinds as for Ctrl-C
+    (a partial output is removed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def signal_of(exc: BaseException) -> int:
+    """The signal an interruption came from (Ctrl-C: SIGINT)."""
+    return int(getattr(exc, "signum", signal.SIGINT))
+
+
+def interrupted_message(exc: BaseException, cleaned_up: str) -> tuple[str, int]:
+    """(The full sentence, the exit code) for an interruption: what interrupted the command,
+    what was cleaned up, and the exit code, the same for Ctrl-C, SIGTERM and SIGHUP."""
+    signum = signal_of(exc)
+    name = signal.Signals(signum).name
+    how = f"{name} (Ctrl-C)" if signum == signal.SIGINT else name
+    code = 128 + signum
+    return f"interrupted by {how}: {cleaned_up} (exit {code})", code
+
+
+@contextlib.contextmanager
+def interrupt_signals() -> Iterator[None]:
+    """Inside: SIGTERM (kill, timeout, docker stop, Kubernetes) and SIGHUP behave like SIGINT
+    (``Terminated``, a ``KeyboardInterrupt``). Outside the main thread nothing changes."""
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise Terminated(signum)
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: leave the defaults
+            previous[signum] = signal.signal(signum, interrupt)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,0 +1,164 @@
+"""How a command fails (``cli/failure.py``): every command with ``--json`` answers every error —
+usage errors argparse finds included — with the one JSON error document on stdout and one line
+on stderr. The commands are discovered from the parser, so a new command with ``--json`` must
+be added to ``CASES`` (the test says so) and is then covered."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nxdi_gptoss_fp8.cli import DEBUG_ENV, build_parser, main
+from nxdi_gptoss_fp8.cli.failure import ERROR_KINDS, Terminated, error_document, interrupted_message, wants_json
+
+
+def _json_commands() -> list[str]:
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sorted(name for name, sub in commands.choices.items()
+                  if any("--json" in action.option_strings for action in sub._actions))
+
+
+Argv = Callable[[Path], "list[str] | None"]
+
+# per command: (a missing path, or the closest usage error of its own when it takes no path;
+# a refusal at run time). None: the command has no such case (a reason beside it).
+CASES: dict[str, tuple[Argv, Argv]] = {
+    "validate": (lambda t: ["validate", str(t / "missing")],
+                 lambda t: ["validate", str(t / "empty"), "--neuron-config", str(t / "missing.json")]),
+    "inspect": (lambda t: ["inspect", str(t / "missing")],
+                lambda t: ["inspect", str(t / "file.txt")]),  # not a directory
+    "convert": (lambda t: ["convert", str(t / "missing"), str(t / "out")],
+                lambda t: ["convert", str(t / "empty"), str(t / "out")]),  # no config.json
+    "verify-conversion": (lambda t: ["verify-conversion", str(t / "missing"), "--source", str(t / "empty")],
+                          lambda t: ["verify-conversion", str(t / "empty"), "--source", str(t / "empty")]),
+    "check-forward": (lambda t: ["check-forward", str(t / "missing"), "--source", str(t / "empty")],
+                      lambda t: ["check-forward", str(t / "empty"), "--source", str(t / "empty"),
+                                 "--neuron-config", str(t / "missing.json")]),
+    "selfcheck": (lambda t: ["selfcheck", "--tp", "0"],  # no path: its own usage error
+                  lambda t: None),  # needs NxDI, which may be importable where the tests run: the env case covers it
+    "env": (lambda t: None, lambda t: None),  # no path, no refusal of its own: the env case covers it
+}
+
+
+def test_every_command_with_json_has_its_cases() -> None:
+    assert sorted(CASES) == _json_commands(), "a command with --json lacks its cases here"
+
+
+def _scene(tmp_path: Path) -> Path:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file.txt").write_text("not a directory")
+    return tmp_path
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's usage errors
+        code = int(exit_.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _assert_the_error_shape(command: str, code: int, out: str, err: str) -> dict[str, object]:
+    document = json.loads(out)  # exactly one JSON document, nothing else on stdout
+    assert set(document) == {"ok", "command", "exit_code", "error"}, document
+    assert document["ok"] is False and document["command"] == command and document["exit_code"] == code != 0
+    error = document["error"]
+    assert set(error) == {"kind", "type", "message"} and error["kind"] in ERROR_KINDS and error["message"]
+    assert f"nxdi-gptoss-fp8 {command}: {error['message']}" in err.splitlines() or error["message"] in err
+    return error
+
+
+CASE_NAMES = ("usage error", "missing path", "refusal", "bad setting")
+
+
+def _applicable() -> list[tuple[str, str]]:
+    """Every (command, case) there is: every command has a usage error and a bad setting."""
+    return [(command, case) for command in _json_commands() for case in CASE_NAMES
+            if case in ("usage error", "bad setting") or command not in CASES
+            or CASES[command][case == "refusal"](Path("/")) is not None]
+
+
+@pytest.mark.parametrize("command, case", _applicable())
+def test_every_json_command_answers_every_error_in_json(command: str, case: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    scene = _scene(tmp_path)
+    if case == "usage error":
+        argv: list[str] | None = [command, "--no-such-option"]
+    elif case == "bad setting":  # a setting every command reads, refused before it runs
+        monkeypatch.setenv(DEBUG_ENV, "perhaps")
+        argv = [command, *(CASES[command][0](scene) or [])[1:]]
+    else:
+        argv = CASES[command][case == "refusal"](scene)
+    assert argv is not None
+    code, out, err = _run([*argv, "--json"], capsys)
+    error = _assert_the_error_shape(command, code, out, err)
+    if case == "usage error":
+        assert code == 2 and error["kind"] == "usage"
+    if case == "bad setting":
+        assert code == 2 and error["kind"] == "config" and DEBUG_ENV in str(error["message"])
+    _, text_out, text_err = _run(argv, capsys)  # without --json: no JSON, the same one line on stderr
+    assert not text_out.lstrip().startswith("{") and str(error["message"]) in text_err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_an_interruption_is_one_sentence_whatever_the_signal(signum: int) -> None:
+    exc: BaseException = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+    message, code = interrupted_message(exc, "nothing was written")
+    name = signal.Signals(signum).name
+    assert code == 128 + signum
+    assert message == f"interrupted by {name}{' (Ctrl-C)' if signum == signal.SIGINT else ''}: nothing was written " \
+                      f"(exit {code})"
+
+
+@pytest.mark.parametrize("command", ["validate", "env", "inspect"])
+def test_ctrl_c_in_a_read_only_command_says_nothing_was_written(command: str, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(_args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    parser = build_parser()
+    monkeypatch.setattr("nxdi_gptoss_fp8.cli.build_parser", lambda prog="nxdi-gptoss-fp8": parser)
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    commands.choices[command].set_defaults(handler=interrupted)
+    argv = [command] + ([str(tmp_path)] if command != "env" else [])
+    code, out, err = _run([*argv, "--json"], capsys)
+    assert code == 130
+    assert err == f"nxdi-gptoss-fp8 {command}: interrupted by SIGINT (Ctrl-C): nothing was written (exit 130)\n"
+    assert json.loads(out)["error"] == {"kind": "interrupted", "type": "Interrupted",
+                                        "message": err.split(": ", 1)[1].strip()}
+
+
+@given(st.lists(st.sampled_from(["--json", "--js", "--j", "-j", "--jsonx", "--", "x", "--all"]), max_size=6))
+def test_wants_json_reads_the_command_line_as_argparse_does(argv: list[str]) -> None:
+    before = argv[:argv.index("--")] if "--" in argv else argv
+    assert wants_json(argv) == any(token in ("--json", "--js", "--j") for token in before)
+
+
+def test_the_error_document_has_one_shape() -> None:
+    assert error_document("convert", "io", "cannot access x", 2, "OSError") == {
+        "ok": False, "command": "convert", "exit_code": 2,
+        "error": {"kind": "io", "type": "OSError", "message": "cannot access x"}}
+    with pytest.raises(AssertionError):
+        error_document("convert", "no such kind", "m", 2, "E")
+
+
+@pytest.mark.parametrize("prog", ["nxdi-gptoss-fp8", "python -m nxdi_gptoss_fp8"])
+@pytest.mark.parametrize(("argv", "command"), [(["env", "--bogus"], "env"), (["validate"], "validate"),
+                                              (["--json"], None), (["nosuch"], None)])
+def test_usage_errors_name_the_command_whatever_the_prog(prog: str, argv: list[str], command: str | None,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--json"] if "--json" not in argv else argv, prog=prog)
+    document = json.loads(capsys.readouterr().out)
+    assert exit_.value.code == 2 and document["command"] == command and document["error"]["kind"] == "usage"
