@@ -36,7 +36,8 @@ from .hub import is_repo_id
 from .recipes import MODULES_TO_NOT_CONVERT, QUANTIZATION_KEYS, VLLM_ADDITIONAL_CONFIG_FLAG, VLLM_OVERRIDE_KEY
 from .safeio.hashing import sha256_file
 
-__all__ = ["HARMONY_VOCABULARY", "O200K_BASE_SHA256", "HostFinding", "HostReport", "lint_serving_host", "parse_command"]
+__all__ = ["HARMONY_VOCABULARY", "O200K_BASE_SHA256", "HostFinding", "HostReport", "lint_serving_host", "parse_command",
+           "serve_arguments"]
 
 HARMONY_VOCABULARY = "o200k_base.tiktoken"
 # The SHA-256 openai-harmony expects of o200k_base.tiktoken (openai/harmony,
@@ -81,16 +82,26 @@ class HostReport:
         return "\n".join(lines)
 
 
+def serve_arguments(command: Sequence[str]) -> list[str] | None:
+    """The arguments after ``vllm serve`` (or ``python -m vllm.…``), past any ``VAR=value``
+    prefixes; None when ``command`` is not a vLLM server's command line."""
+    words = list(command)
+    while words and not words[0].startswith("-") and "=" in words[0]:
+        words.pop(0)  # VAR=value prefixes
+    if words[:2] == ["vllm", "serve"]:
+        return words[2:]
+    if words[:1] and words[0].startswith("python") and words[1:2] == ["-m"] and words[2:3] and \
+            words[2].split(".")[0] == "vllm":
+        return words[3:]
+    return None
+
+
 def parse_command(command: Sequence[str]) -> tuple[str | None, dict[str, str | None]]:
     """The model and the ``--flag value`` options of a ``vllm serve MODEL ...`` (or ``python -m
     vllm.entrypoints.openai.api_server --model MODEL ...``) command; ``--flag=value`` too."""
-    words = list(command)
-    while words and not words[0].startswith("-") and words[0] not in ("serve",) and "=" in words[0]:
-        words.pop(0)  # VAR=value prefixes
-    if words[:2] == ["vllm", "serve"]:
-        words = words[2:]
-    elif words[:1] and words[0].startswith("python") and words[1:2] == ["-m"]:
-        words = words[3:]
+    words = serve_arguments(command)
+    if words is None:
+        words = list(command)
     model, options, index = None, {}, 0
     while index < len(words):
         word = words[index]

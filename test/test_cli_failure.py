@@ -45,6 +45,8 @@ CASES: dict[str, tuple[Argv, Argv]] = {
     "selfcheck": (lambda t: ["selfcheck", "--tp", "0"],  # no path: its own usage error
                   lambda t: None),  # needs NxDI, which may be importable where the tests run: the env case covers it
     "env": (lambda t: None, lambda t: None),  # no path, no refusal of its own: the env case covers it
+    # a missing MODEL is one of doctor's findings, not an error: its usage error is a command that is not vLLM's
+    "doctor": (lambda t: ["doctor", "--", "python", str(t / "missing")], lambda t: None),
 }
 
 
@@ -100,7 +102,7 @@ def test_every_json_command_answers_every_error_in_json(command: str, case: str,
     else:
         argv = CASES[command][case == "refusal"](scene)
     assert argv is not None
-    code, out, err = _run([*argv, "--json"], capsys)
+    code, out, err = _run([argv[0], "--json", *argv[1:]], capsys)  # before the arguments: doctor takes all after --
     error = _assert_the_error_shape(command, code, out, err)
     if case == "usage error":
         assert code == 2 and error["kind"] == "usage"
@@ -132,7 +134,7 @@ def test_ctrl_c_in_a_read_only_command_says_nothing_was_written(command: str, tm
     (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     commands.choices[command].set_defaults(handler=interrupted)
     argv = [command] + ([str(tmp_path)] if command != "env" else [])
-    code, out, err = _run([*argv, "--json"], capsys)
+    code, out, err = _run([argv[0], "--json", *argv[1:]], capsys)  # before the arguments: doctor takes all after --
     assert code == 130
     assert err == f"nxdi-gptoss-fp8 {command}: interrupted by SIGINT (Ctrl-C): nothing was written (exit 130)\n"
     assert json.loads(out)["error"] == {"kind": "interrupted", "type": "Interrupted",

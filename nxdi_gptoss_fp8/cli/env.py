@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ._shared import EXIT_FINDINGS, EXIT_OK
+from ._shared import EXIT_FINDINGS, EXIT_OK, UsageError
 
 __all__ = ["add_doctor_command", "add_env_command"]
 
@@ -36,11 +36,14 @@ def add_env_command(commands: Any) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from ..serving_host import lint_serving_host
+    from ..serving_host import lint_serving_host, serve_arguments
 
     command = list(args.serve_command)
     if command[:1] == ["--"]:
         command = command[1:]
+    if command and serve_arguments(command) is None:
+        raise UsageError(f"{' '.join(command)!r} is not a vLLM server's command line: pass it after --, as "
+                         "`-- vllm serve MODEL ...` or `-- python -m vllm.entrypoints.openai.api_server --model MODEL ...`")
     report = lint_serving_host(command)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
     return EXIT_OK if report.ok else EXIT_FINDINGS
