@@ -67,7 +67,7 @@ setup(
     },
     entry_points={
         "console_scripts": ["nxdi-gptoss-fp8=nxdi_gptoss_fp8.cli:main"],
-        "vllm.general_plugins": ["nxdi_gptoss_fp8 = nxdi_gptoss_fp8.vllm_plugin:register_plugin"],
+        "vllm.general_plugins": ["nxdi_gptoss_fp8 = nxdi_gptoss_fp8.nxdi.vllm_plugin:register_plugin"],
     },
     classifiers=[
         "License :: OSI Approved :: Apache Software License",

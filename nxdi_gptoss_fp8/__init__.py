@@ -29,15 +29,15 @@ from .validate.pipeline import preflight
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
     from .loader import load_state_dict
-    from .nxdi_hook import is_registered, register, unregister
+    from .nxdi.hook import is_registered, register, unregister
     from .synthetic.tiny import make_tiny
 
 
 # imported on first use (they need torch or NxDI): module and attribute of each
 _LAZY = {
-    "register": ("nxdi_hook", "register"),
-    "unregister": ("nxdi_hook", "unregister"),
-    "is_registered": ("nxdi_hook", "is_registered"),
+    "register": ("nxdi.hook", "register"),
+    "unregister": ("nxdi.hook", "unregister"),
+    "is_registered": ("nxdi.hook", "is_registered"),
     "load_state_dict": ("loader", "load_state_dict"),
     "make_tiny": ("synthetic.tiny", "make_tiny"),
 }

@@ -129,7 +129,7 @@ PROFILE_NAMES = (PROFILE_120B, PROFILE_20B, PROFILE_CUSTOM)
 
 # Alternative spellings that GPT-OSS configs use for the same field, the Hugging Face name first:
 # it is the one NxDI uses (through transformers' GptOssConfig); the preflight requires it and
-# an alias beside it to agree (nxdi_config.model_config_problems).
+# an alias beside it to agree (nxdi.config.model_config_problems).
 CONFIG_FIELD_ALIASES: dict[str, tuple[str, ...]] = {
     "num_local_experts": ("num_local_experts", "num_experts"),
     "num_experts_per_tok": ("num_experts_per_tok", "experts_per_token"),

@@ -39,7 +39,7 @@ import torch
 
 from . import format as fmt
 from .errors import FailedReportError, IntegrityError, LoadError, ReportBindingError
-from .nxdi_config import config_attr, neuron_config_view, parse_load_mode, parse_verify_at_load
+from .nxdi.config import config_attr, neuron_config_view, parse_load_mode, parse_verify_at_load
 from .safeio.files import FileIdentity
 from .safeio.hashing import hash_buffers
 from .safeio.safetensors_header import PREFIX_SIZE, SafetensorsHeader

@@ -147,7 +147,7 @@ def run_child(case: str, path: str, layers: int, extra: dict[str, Any], *, read:
             os.environ[fmt.VERIFY_AT_LOAD_ENV] = "1"
         elif case == "ours-private":
             os.environ[fmt.LOAD_MODE_ENV] = fmt.LOAD_MODE_PRIVATE
-        from nxdi_gptoss_fp8 import nxdi_hook
+        from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
 
         kwargs = _fp8_kwargs(path, layers, extra)
         timings: list[float] = []

@@ -529,7 +529,7 @@ def test_check_forward_of_a_missing_path_is_exit_2(tmp_path: Path, tiny_template
 
 
 def test_inference_demo_help_explains_without_nxdi(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from nxdi_gptoss_fp8 import nxdi_hook
+    from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
 
     monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: False)
     code, out, err = run(["inference-demo", "--help"], capsys)

@@ -23,8 +23,10 @@ import clients
 import pytest
 import torch
 
-from nxdi_gptoss_fp8 import cli, nxdi_hook, recipes
+from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
+from nxdi_gptoss_fp8.nxdi import recipes
 
 pytestmark = [pytest.mark.client, pytest.mark.filterwarnings("ignore")]
 

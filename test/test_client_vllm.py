@@ -28,8 +28,9 @@ import torch
 import vllm_standin
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8 import nxdi_hook, serving_host
 from nxdi_gptoss_fp8.errors import CLIENT_CAUGHT, IntegrityError, LoadRefusedError, PreflightError
+from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
+from nxdi_gptoss_fp8.nxdi import serving_host
 from nxdi_gptoss_fp8.synthetic.sources import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source
 from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
 

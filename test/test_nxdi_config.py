@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.nxdi_config import (
+from nxdi_gptoss_fp8.nxdi.config import (
     BOOLEAN_NEURON_CONFIG_KEYS,
     KNOWN_NEURON_CONFIG_KEYS,
     bounded_int,

@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 from real_nxdi import gptoss_app, real_modeling
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8 import nxdi_hook
 from nxdi_gptoss_fp8.errors import PreflightError
+from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
 from nxdi_gptoss_fp8.synthetic.sources import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
 

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 import ckpt_edit
 import nxdi_standin
 
-from nxdi_gptoss_fp8 import cli, errors, nxdi_hook, vllm_plugin
+from nxdi_gptoss_fp8 import cli, errors
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.errors import (
     CheckpointFormatError,
@@ -35,6 +35,8 @@ from nxdi_gptoss_fp8.errors import (
     PreflightError,
     RegistrationError,
 )
+from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
+from nxdi_gptoss_fp8.nxdi import vllm_plugin
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, make_source, write_legacy_fp8
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,7 +93,7 @@ def class_attrs(cls: type) -> dict[str, Any]:
 
 def test_importing_the_package_imports_neither_nxdi_nor_torch() -> None:
     code = (
-        "import sys, nxdi_gptoss_fp8, nxdi_gptoss_fp8.nxdi_hook, nxdi_gptoss_fp8.vllm_plugin\n"
+        "import sys, nxdi_gptoss_fp8, nxdi_gptoss_fp8.nxdi.hook, nxdi_gptoss_fp8.nxdi.vllm_plugin\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('neuronx_distributed_inference', 'torch'))\n"
         "print(bad)\n"
     )
@@ -808,7 +810,7 @@ def test_setup_declares_the_vllm_entry_point() -> None:
     match = re.search(r'"vllm\.general_plugins":\s*\[\s*"([^"=]+?)\s*=\s*([\w.]+):(\w+)"', text)
     assert match, "setup.py lacks the vllm.general_plugins entry point"
     module, function = match.group(2), match.group(3)
-    assert (module, function) == ("nxdi_gptoss_fp8.vllm_plugin", "register_plugin")
+    assert (module, function) == ("nxdi_gptoss_fp8.nxdi.vllm_plugin", "register_plugin")
     assert callable(getattr(vllm_plugin, function))
 
 

@@ -24,7 +24,7 @@ from nxdi_standin import neuron_stubs
 from real_nxdi import real_modeling
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8 import nxdi_hook
+from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
 from nxdi_gptoss_fp8.synthetic.sources import REALISTIC_SCALE_RANGE, SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
 from nxdi_gptoss_fp8.validate import presharded_manifest as pm

@@ -12,8 +12,8 @@ import clients
 import pytest
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8 import recipes
 from nxdi_gptoss_fp8.convert.card import loading_neuron_config
+from nxdi_gptoss_fp8.nxdi import recipes
 from nxdi_gptoss_fp8.validate.findings import PreflightReport
 
 MODEL = clients.README_MODEL

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nxdi_gptoss_fp8 import cli, recipes, serving_host
-from nxdi_gptoss_fp8.serving_host import lint_serving_host, parse_command
+from nxdi_gptoss_fp8 import cli
+from nxdi_gptoss_fp8.nxdi import recipes, serving_host
+from nxdi_gptoss_fp8.nxdi.serving_host import lint_serving_host, parse_command
 
 VOCABULARY = b"c3RhbmQtaW4= 0\n"  # a stand-in for o200k_base.tiktoken (the real one is 3.6 MB)
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import nxdi_standin
 import pytest
 
-from nxdi_gptoss_fp8 import cli, nxdi_hook, support, vllm_plugin
+from nxdi_gptoss_fp8 import cli, support
 from nxdi_gptoss_fp8.errors import RegistrationError
+from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
+from nxdi_gptoss_fp8.nxdi import vllm_plugin
 
 # a Neuron SDK 2.29 host (the verified stack) with the NxDI-backed vLLM plugin
 SDK_229 = {"torch": "2.9.0", "transformers": "4.57.1", "neuronx-distributed-inference": "0.9.17334",
@@ -247,7 +249,7 @@ def test_register_warns_once_outside_the_verified_nxdi(
     install(tmp_path, support.NXDI_DISTRIBUTION, version)
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     monkeypatch.setattr(support, "_WARNED", set())
-    logger = logging.getLogger("nxdi_gptoss_fp8.nxdi_hook")
+    logger = logging.getLogger("nxdi_gptoss_fp8.nxdi.hook")
     with caplog.at_level(logging.WARNING, logger="nxdi_gptoss_fp8"):
         support.warn_unverified_nxdi(logger)
         support.warn_unverified_nxdi(logger)

@@ -22,9 +22,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 import nxdi_standin
 import presharded_cases as cases
 
-from nxdi_gptoss_fp8 import cli, nxdi_hook
+from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.errors import IntegrityError
+from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_gptoss_fp8.validate import presharded as sm
 from nxdi_gptoss_fp8.validate import presharded_manifest as pm

@@ -36,7 +36,7 @@ def add_env_command(commands: Any) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from ..serving_host import lint_serving_host, serve_arguments
+    from ..nxdi.serving_host import lint_serving_host, serve_arguments
 
     command = list(args.serve_command)
     if command[:1] == ["--"]:

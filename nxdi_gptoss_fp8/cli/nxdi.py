@@ -31,7 +31,7 @@ too). Needs NxDI (neuronx-distributed-inference) and a Neuron host."""
 
 
 def _cmd_inference_demo(args: argparse.Namespace) -> int:
-    from .. import nxdi_hook
+    from ..nxdi import hook as nxdi_hook
 
     asks_help = not args.nxdi_args or args.nxdi_args[0] in ("-h", "--help")
     available = nxdi_hook.nxdi_available()

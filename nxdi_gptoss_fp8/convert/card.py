@@ -21,7 +21,7 @@ from .. import format as fmt
 from .._version import __version__
 from ..errors import NotRegularFileError
 from ..hub import is_repo_id
-from ..recipes import neuron_config_keys, vllm_command
+from ..nxdi.recipes import neuron_config_keys, vllm_command
 from ..safeio.files import open_regular
 from ..writer import CheckpointWriter
 from .output import ConversionReport

@@ -337,7 +337,7 @@ def _environ(values: Mapping[str, str | None]) -> Iterator[None]:
 @contextlib.contextmanager
 def _hook_for(route: str) -> Iterator[None]:
     """Our hook registered for the normalized route (and removed again if we added it)."""
-    from .. import nxdi_hook
+    from ..nxdi import hook as nxdi_hook
 
     added = route == ROUTE_NORMALIZED and not nxdi_hook.is_registered()
     if added:

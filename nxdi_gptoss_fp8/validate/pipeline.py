@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..deps import missing
-from ..nxdi_config import describe, read_config_file, switch_from_env
+from ..nxdi.config import describe, read_config_file, switch_from_env
 from .binding import seal
 from .config import (
     _check_config,
@@ -41,7 +41,7 @@ NOT_CHECKED_SCALES = "scale values"
 
 def allow_custom_from_env(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL`` opts in to custom-profile checkpoints
-    (``nxdi_config.parse_switch``; ``ConfigError`` for a value that is neither on nor off)."""
+    (``nxdi.config.parse_switch``; ``ConfigError`` for a value that is neither on nor off)."""
     return switch_from_env(fmt.ALLOW_CUSTOM_ENV, os.environ if environ is None else environ,
                            "accept custom-profile checkpoints")
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import IntegrityError, NotRegularFileError, ShardedWeightsError
-from ..nxdi_config import config_attr, neuron_config_view
+from ..nxdi.config import config_attr, neuron_config_view
 from ..progress import Progress
 from ..safeio.files import FileIdentity
 from ..safeio.hashing import hash_files

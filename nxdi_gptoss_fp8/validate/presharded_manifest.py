@@ -26,7 +26,7 @@ from typing import Any
 from .. import format as fmt
 from .._version import __version__
 from ..errors import IntegrityError
-from ..nxdi_config import config_attr, neuron_config_view
+from ..nxdi.config import config_attr, neuron_config_view
 from ..progress import Progress
 from ..safeio.files import FileIdentity, open_regular
 from ..safeio.hashing import hash_files

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..cpu_cache import cache_chunk_bytes
-from ..nxdi_config import bounded_int
+from ..nxdi.config import bounded_int
 from ..safeio.files import open_regular
 from ..safeio.safetensors_header import TensorInfo
 from .findings import PreflightReport, Severity

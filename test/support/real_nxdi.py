@@ -18,8 +18,8 @@ import pytest
 from nxdi_standin import neuron_stubs
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8 import nxdi_hook
 from nxdi_gptoss_fp8.forward.cpu_model import _environ
+from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
 
 SRC = os.environ.get("NXDI_SRC")
 

@@ -65,7 +65,7 @@ def installed(*, with_demo: bool = True) -> Iterator[types.SimpleNamespace]:
             loaded[short] = module
         yield types.SimpleNamespace(**loaded)
     finally:
-        from nxdi_gptoss_fp8 import nxdi_hook
+        from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
 
         nxdi_hook.unregister()
         for name in [n for n in sys.modules if _owned(n)]:

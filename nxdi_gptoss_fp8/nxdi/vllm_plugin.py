@@ -6,7 +6,7 @@ NxDI-backed vllm-neuron's model lookup: that plugin maps the architecture to NxD
 → ``gptoss``) where NxDI registers ``gpt_oss``; its 0.1.0 release special-cased the name, 0.2.0
 and later do not (``vllm_neuron/worker/neuronx_distributed_model_loader.py``,
 ``_get_neuron_model_cls``). So ``MODEL_TYPES["gptoss"]`` is added for the same hooked class when
-absent (never replacing another class; ``nxdi_hook.unregister()`` removes it). The client tests
+absent (never replacing another class; ``nxdi.hook.unregister()`` removes it). The client tests
 (``test/test_client_vllm.py``) run both releases' loaders: ``RUN_AGAINST``.
 
 Installing this package must never take down a vLLM server that did not ask for it, so what
@@ -27,8 +27,9 @@ import logging
 import os
 import re
 
-from . import nxdi_hook, support
-from .errors import RegistrationError
+from .. import support
+from ..errors import RegistrationError
+from . import hook as nxdi_hook
 
 __all__ = ["ARCHITECTURE", "RUN_AGAINST", "logger", "register_plugin", "vllm_model_type"]
 

@@ -9,7 +9,7 @@ manifest, the loaded NeuronConfig, the checkpoint the application is built from 
 must be the one the shards were written from) and the recorded source before NxDI opens a single
 file (``validate.presharded.check_presharded``; ``ShardedWeightsError`` with every finding). Its own
 module because it is one concern with its own state (the sources read during one
-``shard_weights`` call); ``nxdi_hook`` installs these wrappers and passes in its mode decision.
+``shard_weights`` call); ``nxdi.hook`` installs these wrappers and passes in its mode decision.
 Importing it does not import NxDI.
 """
 
@@ -22,11 +22,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .errors import IntegrityError, refusals_stop_the_start
+from ..errors import IntegrityError, refusals_stop_the_start
 
 __all__ = ["SHARD_SOURCES", "fingerprint_or_none", "record_source", "wrap_load_weights", "wrap_shard_weights"]
 
-logger = logging.getLogger(f"{__package__}.nxdi_hook")  # the hook's messages, under the hook's one logger
+logger = logging.getLogger(f"{__package__}.hook")  # the hook's messages, under the hook's one logger
 
 # the checkpoints the normalized loader read during one shard_weights call (None outside one)
 SHARD_SOURCES: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("nxdi_gptoss_fp8_shard_sources", default=None)
@@ -34,7 +34,7 @@ SHARD_SOURCES: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar
 
 def fingerprint_or_none(path: str) -> dict[str, Any] | None:
     """The source fingerprint taken before the preflight (None: unreadable, the preflight says why)."""
-    from .validate.presharded_manifest import source_fingerprint
+    from ..validate.presharded_manifest import source_fingerprint
 
     try:
         return source_fingerprint(path)
@@ -43,7 +43,7 @@ def fingerprint_or_none(path: str) -> dict[str, Any] | None:
 
 
 def record_source(sources: list[Any], path: str, fingerprint: dict[str, Any] | None) -> None:
-    from .validate.presharded_manifest import Source, source_fingerprint
+    from ..validate.presharded_manifest import Source, source_fingerprint
 
     if os.path.abspath(path) not in (source.path for source in sources):  # once per checkpoint
         sources.append(Source(os.path.abspath(path), fingerprint if fingerprint is not None else source_fingerprint(path)))
@@ -57,7 +57,7 @@ def _writes_shards(neuron_config: Any) -> bool:
 def _loader_source(app: Any) -> str:
     """The directory NxDI's ``checkpoint_loader_fn`` reads (its config's directory, else the model
     path; ``quantized_checkpoints_path`` when quantized): the checkpoint the application names."""
-    from .validate.presharded import loader_source
+    from ..validate.presharded import loader_source
 
     return loader_source(app.config, app.model_path) or os.fspath(app.model_path)
 
@@ -80,7 +80,7 @@ def wrap_shard_weights(func: Callable[..., Any], is_normalized: Callable[[Any], 
             compiled = os.fspath(signature.bind(self, *args, **kwargs).arguments["compiled_model_path"])
         except (TypeError, KeyError):
             return func(self, *args, **kwargs)  # let NxDI raise the caller's TypeError
-        from .validate.presharded_manifest import Source, remove_manifest, source_fingerprint, write_manifest
+        from ..validate.presharded_manifest import Source, remove_manifest, source_fingerprint, write_manifest
 
         with refusals_stop_the_start():
             if _writes_shards(self.neuron_config) and remove_manifest(compiled):
@@ -119,8 +119,8 @@ def wrap_load_weights(func: Callable[..., Any], is_normalized: Callable[[Any], b
             arguments = signature.bind(self, *args, **kwargs).arguments
         except TypeError:
             return func(self, *args, **kwargs)
-        from .loader import LoadPolicy
-        from .validate.presharded import changed_since, check_presharded, refusal
+        from ..loader import LoadPolicy
+        from ..validate.presharded import changed_since, check_presharded, refusal
 
         compiled = os.fspath(arguments["compiled_model_path"])
         ranks = _ranks(self.neuron_config, arguments.get("start_rank_id"), arguments.get("local_ranks_size"))

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import format as fmt
+from .. import format as fmt
 
 __all__ = [
     "DEFAULT_VLLM_SETTINGS", "MODULES_TO_NOT_CONVERT", "QUANTIZATION_KEYS", "VLLM_ADDITIONAL_CONFIG_FLAG",

@@ -16,7 +16,7 @@ The opt-in can also live in NxDI's config: ``neuron_config.checkpoint_format =
 warning, so ``GptOssNeuronConfig.__init__`` is wrapped to keep that keyword and the two load-time
 choices (``normalized_fp8_verify_at_load``, ``normalized_fp8_load_mode``) as attributes, which
 NxDI's ``neuron_config.json`` round trip keeps. Pre-sharded weights: ``shard_weights`` and
-``load_weights`` are wrapped by ``nxdi_presharded``.
+``load_weights`` are wrapped by ``nxdi.presharded``.
 
 Importing this module does not import NxDI; ``register()`` does.
 """
@@ -36,12 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import format as fmt
-from .errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError, refusals_stop_the_start
-from .nxdi_presharded import SHARD_SOURCES, fingerprint_or_none, record_source, wrap_load_weights, wrap_shard_weights
+from .. import format as fmt
+from ..errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError, refusals_stop_the_start
+from ..validate.findings import PreflightReport
+from ..validate.pipeline import allow_custom_from_env, preflight
+from .presharded import SHARD_SOURCES, fingerprint_or_none, record_source, wrap_load_weights, wrap_shard_weights
 from .recipes import vllm_hint
-from .validate.findings import PreflightReport
-from .validate.pipeline import allow_custom_from_env, preflight
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def wrong_format_hint(path: str) -> str | None:
     """When ``path`` is another kind of checkpoint (HF, legacy, compressed-tensors, compiled
     NxDI output, ...), one line naming it and what to do instead; None when it looks normalized
     or unknown (then the findings speak for themselves)."""
-    from .recognize import NORMALIZED, recognize
+    from ..recognize import NORMALIZED, recognize
 
     recognition = recognize(path)
     if not recognition.known or recognition.kind == NORMALIZED:
@@ -179,7 +179,7 @@ def wrong_format_hint(path: str) -> str | None:
 
 def normalized_state_dict(cls: type, model_name_or_path: Any, config: Any) -> dict[str, Any]:
     """What our ``get_state_dict`` returns in normalized mode: preflight, map, derive, prefix."""
-    from .loader import load_checkpoint
+    from ..loader import load_checkpoint
 
     if getattr(_neuron_config_of(config), "is_medusa", False):
         raise LoadError("Medusa heads are not supported with normalized FP8 checkpoints (NxDI would "
@@ -421,7 +421,7 @@ def register() -> None:
     """
     owners = _targets()
     if not is_registered():
-        from .support import warn_unverified_nxdi
+        from ..support import warn_unverified_nxdi
 
         warn_unverified_nxdi(logger, sys.modules.get(NXDI_PACKAGE))  # once per process, outside the verified set
         problems = _problems(owners)

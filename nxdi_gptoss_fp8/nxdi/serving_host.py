@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import format as fmt
-from .hub import is_repo_id
+from .. import format as fmt
+from ..hub import is_repo_id
+from ..safeio.hashing import sha256_file
 from .recipes import MODULES_TO_NOT_CONVERT, QUANTIZATION_KEYS, VLLM_ADDITIONAL_CONFIG_FLAG, VLLM_OVERRIDE_KEY
-from .safeio.hashing import sha256_file
 
 __all__ = ["HARMONY_VOCABULARY", "O200K_BASE_SHA256", "HostFinding", "HostReport", "lint_serving_host", "parse_command",
            "serve_arguments"]

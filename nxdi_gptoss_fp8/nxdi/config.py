@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import format as fmt
-from .errors import ConfigError
-from .safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
-from .safeio.strict_json import JsonError
+from .. import format as fmt
+from ..errors import ConfigError
+from ..safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
+from ..safeio.strict_json import JsonError
 
 __all__ = [
     "BOOLEAN_NEURON_CONFIG_KEYS", "KNOWN_NEURON_CONFIG_KEYS", "MAX_CONFIG_FILE_SIZE", "MAX_DIMENSION",
