@@ -295,7 +295,7 @@ class NxdiCpuAdaptations:
         modules without float32 weights and loads them without a copy."""
         from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
 
-        from .layer_experts import LayerExperts, expert_linears_on_meta
+        from .layer_experts import LayerExperts, expert_linears_on_meta, release_pages
 
         quantized = app.neuron_config.quantized or app.neuron_config.is_mlp_quantized()
         originals = [(wrapper, wrapper.model_cls) for wrapper in app.models]
@@ -312,7 +312,10 @@ class NxdiCpuAdaptations:
 
                 def load_checked(state_dict: Any, *args: Any, **kwargs: Any) -> Any:
                     experts.check_loadable(state_dict)
-                    return load(state_dict, *args, **kwargs)
+                    result = load(state_dict, *args, **kwargs)
+                    for tensor in state_dict.values():  # copied into the parameters: drop the mapped pages
+                        release_pages(tensor)
+                    return result
 
                 instance.module.load_state_dict = load_checked
                 return instance.module

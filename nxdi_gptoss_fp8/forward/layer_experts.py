@@ -183,7 +183,9 @@ def _swap_in(weight: HeldWeight, rank: int, tp_degree: int, dtype: Any) -> None:
         restored = {**others, weight.name: weight.meta}
         params.clear()
         params.update({name: restored[name] for name in order})
-    local = checkpoint[weight.name].contiguous()  # as load_state_dict would leave it: the layout decides the rounding order
+    local = checkpoint[weight.name].contiguous()
+    if local.data_ptr() != weight.tensor.data_ptr():
+        release_pages(weight.tensor)  # copied: the mapped pages need not stay while the layer runs  # as load_state_dict would leave it: the layout decides the rounding order
     if local.dtype != weight.meta.dtype:
         raise CpuModelError(f"{weight.key} is {local.dtype} in the checkpoint; NxDI's module holds {weight.meta.dtype}")
     replacement = torch.nn.Parameter(local, requires_grad=False)

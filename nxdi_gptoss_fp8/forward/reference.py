@@ -17,11 +17,12 @@ from typing import Any
 from ..errors import ConversionError, CpuModelError
 
 __all__ = [
-    "reference_config", "reference_kinds", "reference_logits", "reference_model", "require_reference_kind",
+    "ExpertsOnDemand", "reference_config", "reference_kinds", "reference_logits", "reference_model", "require_reference_kind",
     "source_state_dict",
 ]
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_EXPERT_WEIGHTS = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
 
 
 def _transformers() -> Any:
@@ -62,9 +63,32 @@ def require_reference_kind(kind: str, src: str | os.PathLike[str]) -> None:
             "(for a compressed-tensors conversion, the HF checkpoint it was quantized from)")
 
 
-def _read_layer(reader: Any, source: Any, names: list[str]) -> dict[str, Any]:
+class ExpertsOnDemand:
+    """One expert tensor of a layer (``gate_up_proj`` or ``down_proj``, [E, K, N] in float32) that
+    decodes expert ``e`` when transformers indexes it (``self.gate_up_proj[e]``, its CPU path):
+    the same float32 values as the whole tensor, one expert in memory at a time."""
+
+    def __init__(self, reader: Any, source: Any, name: str) -> None:
+        self.reader, self.source, self.name = reader, source, name
+        self.shape = source.tensors[name][1].shape
+
+    def __getitem__(self, expert: Any) -> Any:
+        import torch
+
+        from ..convert import mxfp4
+
+        index = int(expert)
+        if self.name.endswith("_blocks"):
+            base = self.name[: -len("_blocks")]
+            decoded = mxfp4.decode(self.reader.slice(self.name)[index], self.reader.slice(f"{base}_scales")[index])
+            return decoded.transpose(0, 1).contiguous()  # [rows, K] → [K, rows]
+        return self.reader.slice(self.name)[index].to(torch.float32)
+
+
+def _read_layer(reader: Any, source: Any, names: list[str], *, on_demand: bool = False) -> dict[str, Any]:
     """float32 tensors for ``names``: MXFP4 ``_blocks`` decoded exactly (one expert at a time,
-    [rows, K] → [K, rows]) under the name without the suffix, the rest widened."""
+    [rows, K] → [K, rows]) under the name without the suffix, the rest widened. With
+    ``on_demand``, the expert tensors are ``ExpertsOnDemand`` instead (decoded when indexed)."""
     import torch
 
     from ..convert import mxfp4
@@ -73,8 +97,10 @@ def _read_layer(reader: Any, source: Any, names: list[str]) -> dict[str, Any]:
     for name in names:
         if name.endswith("_scales"):
             continue
-        if name.endswith("_blocks"):
-            base = name[: -len("_blocks")]
+        base = name[: -len("_blocks")] if name.endswith("_blocks") else name
+        if on_demand and base.endswith(_EXPERT_WEIGHTS):
+            state[base] = ExpertsOnDemand(reader, source, name)
+        elif name.endswith("_blocks"):
             blocks, scales = reader.slice(name), reader.slice(f"{base}_scales")
             experts, rows = source.tensors[name][1].shape[:2]
             out = torch.empty((experts, source.tensors[name][1].shape[2] * mxfp4.BLOCK_SIZE, rows))
@@ -133,9 +159,11 @@ def reference_logits(src: str | os.PathLike[str], tokens: tuple[int, ...], posit
     """transformers' float32 logits [len(positions), V] for ``tokens`` on the first ``layers``
     layers (default: all) of the source ``src``.
 
-    One decoder layer's weights are in memory at a time: the model is built on the meta device
-    with the global tensors, and a forward pre-hook reads each layer's weights just before it
-    runs (one forward over all tokens runs each layer once); a forward hook frees them after."""
+    One decoder layer's weights are in memory at a time, and of its experts one at a time: the
+    model is built on the meta device with the global tensors; a forward pre-hook reads each
+    layer's weights just before it runs (one forward over all tokens runs each layer once), its
+    experts as ``ExpertsOnDemand`` (transformers' CPU path indexes them expert by expert); a
+    forward hook frees them after."""
     import torch
 
     from ..convert import SourceReader, open_source
@@ -155,12 +183,22 @@ def reference_logits(src: str | os.PathLike[str], tokens: tuple[int, ...], posit
             prefix = f"model.layers.{index}."
 
             def load(module: Any, _args: Any, names: list[str] = by_layer[index], prefix: str = prefix) -> None:
-                state = {name[len(prefix):]: value for name, value in _read_layer(reader, source, names).items()}
-                reader.release()
-                module.load_state_dict(state, strict=True, assign=True)
+                state = {name[len(prefix):]: value
+                         for name, value in _read_layer(reader, source, names, on_demand=True).items()}
+                experts = {name: state.pop(name) for name in list(state) if isinstance(state[name], ExpertsOnDemand)}
+                module.load_state_dict(state, strict=False, assign=True)
+                for name, tensor in experts.items():  # a plain attribute: transformers only indexes it
+                    owner, _, attribute = name.rpartition(".")
+                    holder = module.get_submodule(owner)
+                    del holder._parameters[attribute]
+                    setattr(holder, attribute, tensor)
+                left = [name for name, value in module.named_parameters() if value.device.type == "meta"]
+                if left:
+                    raise CpuModelError(f"the source has no {prefix}{left[0]} for the reference model")
 
             def free(module: Any, _args: Any, _output: Any) -> None:
                 module.to_empty(device="meta")
+                reader.release()
 
             hooks += [decoder.register_forward_pre_hook(load), decoder.register_forward_hook(free)]
         with torch.no_grad():
