@@ -76,8 +76,9 @@ def du(path: str) -> int:
 
 
 def run(tree: str, ckpt: str, source: str, k: int, label: str) -> None:
+    # run from the tree: ``python -c`` puts the working directory first on sys.path
     done = subprocess.run([sys.executable, "-c", CHILD, ckpt, source, str(k)], capture_output=True, text=True,
-                          env=child_env(tree), check=False)
+                          env=child_env(tree), cwd=tree, check=False)
     if done.returncode != 0:
         print(f"{label:<8} {k:>2}  failed: {done.stderr.strip().splitlines()[-1:]}")
         return
@@ -96,9 +97,9 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=3, help="decoder layers in the checkpoint (default 3)")
     parser.add_argument("--experts", type=int, default=32, help="experts per layer (default 32, gpt-oss-20b; 128: 120b)")
     parser.add_argument("--vocab", type=int, default=4096, help="vocabulary size (default 4096; published 201088)")
-    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3], help="layer counts to check (default 1 2 3)")
+    parser.add_argument("--ks", type=int, nargs="*", default=[1, 2, 3], help="layer counts to check (default 1 2 3)")
     parser.add_argument("--baseline-tree", help="a checkout of an earlier release to run the same child from")
-    parser.add_argument("--baseline-ks", type=int, nargs="+", default=[1], help="layer counts for the baseline tree")
+    parser.add_argument("--baseline-ks", type=int, nargs="*", default=[1], help="layer counts for the baseline tree")
     args = parser.parse_args()
     if not nxdi_reachable():
         print("bench_check_forward: needs NxDI (installed, or NXDI_SRC and NXD_SRC for the test stand-ins)", file=sys.stderr)

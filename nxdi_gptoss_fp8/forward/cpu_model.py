@@ -293,59 +293,14 @@ class NxdiCpuAdaptations:
         would otherwise build every layer's experts in float32 and hold every layer's FP8
         copy (≈ 3 GiB per gpt-oss-20b layer). No longer needed when to_cpu builds quantized
         modules without float32 weights and loads them without a copy."""
-        from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
-
-        from .layer_experts import LayerExperts, expert_linears_on_meta, release_pages
+        from .layer_experts import quantized_one_layer_at_a_time
 
         quantized = app.neuron_config.quantized or app.neuron_config.is_mlp_quantized()
-        originals = [(wrapper, wrapper.model_cls) for wrapper in app.models]
-        built: list[LayerExperts] = []
-
-        def build(model_cls: type) -> Any:
-            def make(config: Any) -> Any:
-                instance = DecoderModelInstance(model_cls, config)
-                with expert_linears_on_meta():
-                    instance.load_module()
-                experts = LayerExperts.prepare(instance.module)
-                built.append(experts)
-                load = instance.module.load_state_dict
-
-                def load_checked(state_dict: Any, *args: Any, **kwargs: Any) -> Any:
-                    experts.check_loadable(state_dict)
-                    result = load(state_dict, *args, **kwargs)
-                    for tensor in state_dict.values():  # copied into the parameters: drop the mapped pages
-                        release_pages(tensor)
-                    return result
-
-                instance.module.load_state_dict = load_checked
-                return instance.module
-
-            return make
-
-        def loader(*args: Any, **kwargs: Any) -> Any:
-            state_dict = type(app).checkpoint_loader_fn(app, *args, **kwargs)
-            if built:  # to_cpu builds a module, then loads its weights
-                built[-1].take_from(state_dict)
-            return state_dict
-
-        if quantized:
-            for wrapper, model_cls in originals:
-                wrapper.model_cls = build(model_cls)
-            app.checkpoint_loader_fn = loader
-        try:
+        if not quantized:
             yield
-            import torch
-
-            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-            for experts in built:
-                dtype = getattr(getattr(experts.root, "config", None), "torch_dtype", None)
-                experts.install(experts.root.layers, rank, self.tp, dtype)
-                del experts.root.load_state_dict
-        finally:
-            for wrapper, model_cls in originals:
-                wrapper.model_cls = model_cls
-            if quantized:
-                del app.checkpoint_loader_fn
+            return
+        with quantized_one_layer_at_a_time(app, self.tp):
+            yield
 
 
 # --------------------------------------------------------------------------- one run

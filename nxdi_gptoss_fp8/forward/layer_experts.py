@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import CpuModelError
 
-__all__ = ["HeldWeight", "LayerExperts", "expert_linears_on_meta", "release_pages"]
+__all__ = ["HeldWeight", "LayerExperts", "expert_linears_on_meta", "quantized_one_layer_at_a_time", "release_pages"]
 
 _LAYER = re.compile(r"^layers\.(\d+)\.")
 _MADV_DONTNEED = 4
@@ -162,6 +162,62 @@ class LayerExperts:
         for hook in self.hooks:
             hook.remove()
         self.hooks.clear()
+
+
+@contextlib.contextmanager
+def quantized_one_layer_at_a_time(app: Any, tp_degree: int) -> Iterator[None]:
+    """While ``app.to_cpu()`` runs in this context: each wrapper's module is built through NxDI's
+    ``DecoderModelInstance.load_module()`` (NxD's quantization ``convert()``, which to_cpu skips)
+    with the expert linears on meta; the expert weights are taken out of what
+    ``checkpoint_loader_fn`` returns; every other tensor given storage must be loaded (and its
+    mapped pages are dropped once copied). On leaving, the per-layer hooks are installed."""
+    import torch
+    from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
+
+    originals = [(wrapper, wrapper.model_cls) for wrapper in app.models]
+    built: list[LayerExperts] = []
+
+    def build(model_cls: type) -> Any:
+        def make(config: Any) -> Any:
+            instance = DecoderModelInstance(model_cls, config)
+            with expert_linears_on_meta():
+                instance.load_module()
+            experts = LayerExperts.prepare(instance.module)
+            built.append(experts)
+            load = instance.module.load_state_dict
+
+            def load_checked(state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+                experts.check_loadable(state_dict)
+                result = load(state_dict, *args, **kwargs)
+                for tensor in state_dict.values():  # copied into the parameters: drop the mapped pages
+                    release_pages(tensor)
+                return result
+
+            instance.module.load_state_dict = load_checked
+            return instance.module
+
+        return make
+
+    def loader(*args: Any, **kwargs: Any) -> Any:
+        state_dict = type(app).checkpoint_loader_fn(app, *args, **kwargs)
+        if built:  # to_cpu builds a module, then loads its weights
+            built[-1].take_from(state_dict)
+        return state_dict
+
+    for wrapper, model_cls in originals:
+        wrapper.model_cls = build(model_cls)
+    app.checkpoint_loader_fn = loader
+    try:
+        yield
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        for experts in built:
+            dtype = getattr(getattr(experts.root, "config", None), "torch_dtype", None)
+            experts.install(experts.root.layers, rank, tp_degree, dtype)
+            del experts.root.load_state_dict
+    finally:
+        for wrapper, model_cls in originals:
+            wrapper.model_cls = model_cls
+        del app.checkpoint_loader_fn
 
 
 def _swap_in(weight: HeldWeight, rank: int, tp_degree: int, dtype: Any) -> None:
