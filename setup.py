@@ -55,6 +55,10 @@ setup(
         # selfcheck / check-forward: transformers' GptOssForCausalLM is the reference model
         # (< 5: NxDI pins transformers 4.57.*, and v5 changed GPT-OSS's expert layout)
         "forward": ["torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60", "transformers>=4.55,<5"],
+        # selfcheck / check-forward on a CPU host with NxDI and NxD from their sources: what NxD
+        # imports at package import beyond the above (found by importing it in a fresh virtualenv)
+        "nxdi-cpu": ["torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60", "transformers>=4.55,<5",
+                     "boto3>=1.26", "tenacity>=8"],
         "test": [
             "torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60",
             "pytest>=7.4", "hypothesis>=6.80", "ruff>=0.4", "huggingface_hub>=0.20",
@@ -63,6 +67,8 @@ setup(
             "transformers>=4.55,<5",
             # the model card's front matter is read back with a YAML parser
             "pyyaml>=5.1",
+            # NxD imports them at package import: the NxDI CPU-mode tests (NXDI_SRC, NXD_SRC)
+            "boto3>=1.26", "tenacity>=8",
         ],
     },
     entry_points={

@@ -365,6 +365,19 @@ def _vllm_rows(kind: VllmNeuron, vllm_version: str | None) -> list[Component]:
     return [engine, plugin]
 
 
+def from_source(report: EnvironmentReport, component: str, version: str | None, where: str) -> None:
+    """Mark ``component``, absent from the installed distributions, as imported from a source
+    tree at ``where`` (``selfcheck`` runs NxDI and NxD from checkouts on ``PYTHONPATH``), judged by
+    the version the source declares. An installed component is left as it is."""
+    for index, found in enumerate(report.components):
+        if found.component == component and found.status == ABSENT:
+            rule = next(rule for rule in MATRIX if rule.component == component)
+            judged = (_judge(rule, version) if version
+                      else Component(component, rule.distribution, None, UNSUPPORTED, "its version cannot be read"))
+            judged.reason = f"from source at {where} (no installed distribution); {judged.reason}"
+            report.components[index] = judged
+
+
 def environment_report(path: Sequence[str] | None = None, *, python_version: str | None = None) -> EnvironmentReport:
     """What is installed on ``path`` (default ``sys.path``) and where it stands in the matrix.
 
@@ -421,5 +434,5 @@ def warn_unverified_nxdi(logger: logging.Logger, module: Any = None) -> None:
 
 __all__ = ["ABSENT", "EXPECTED", "MATRIX", "NOT_USED", "NXDI_BACKED", "SUPPORT_WINDOW", "UNKNOWN_KIND", "UNSUPPORTED",
            "VERIFIED", "VLLM_NEURON_RUN_AGAINST", "WITHOUT_NXDI", "WITHOUT_NXDI_KIND", "Component", "EnvironmentReport",
-           "Rule", "Version", "VllmNeuron", "environment_report", "matches", "nxdi_version", "parse_version", "release",
-           "vllm_neuron_kind", "warn_unverified_nxdi"]
+           "Rule", "Version", "VllmNeuron", "environment_report", "from_source", "matches", "nxdi_version",
+           "parse_version", "release", "vllm_neuron_kind", "warn_unverified_nxdi"]

@@ -77,3 +77,13 @@ def test_the_format_document_states_the_config_field_rule() -> None:
     for code in ("hard_coded_mismatch", "layer_types_mismatch", "rope_mismatch", "bad_rope", "heads_indivisible",
                  "unknown_field", "dtype_not_bfloat16", "not_boolean"):
         assert f"`{code}`" in FORMAT_DOC, code
+
+
+README_PATH = re.compile(r"(?<![\w./-])((?:test|scripts)/[\w./-]*)")
+
+
+def test_every_test_and_script_path_the_readme_names_exists() -> None:
+    named = {match.rstrip(".,") for match in README_PATH.findall(README)}
+    assert {"test/test_forward_cpu_model.py", "scripts/bench_check_forward.py"} <= named
+    missing = sorted(path for path in named if not (ROOT / path).exists())
+    assert not missing, f"README.md names paths that do not exist: {missing}"

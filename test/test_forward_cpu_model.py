@@ -5,7 +5,7 @@ and neuronx-distributed. Every run is a CLI subprocess whose interpreter install
 stand-ins for the Neuron-only import roots (``nxdi_standin/cpu_site``), so the real NxDI never
 mixes with the stand-in NxDI classes other test modules install in this process.
 
-Run: ``NXDI_SRC=/path/nxdi NXD_SRC=/path/nxd python -m pytest -s -m nxdi test/test_cpu_model.py``
+Run: ``NXDI_SRC=/path/nxdi NXD_SRC=/path/nxd python -m pytest -s -m nxdi test/test_forward_cpu_model.py``
 """
 
 from __future__ import annotations

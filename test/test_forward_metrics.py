@@ -16,8 +16,10 @@ import pytest
 import torch
 from ckpt_edit import edit_config
 
+from nxdi_gptoss_fp8.convert import convert
 from nxdi_gptoss_fp8.forward import cpu_model
 from nxdi_gptoss_fp8.forward import metrics as fm
+from nxdi_gptoss_fp8.synthetic.sources import SOURCE_MXFP4, make_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -161,9 +163,17 @@ def test_selfcheck_without_nxdi_says_so_in_one_line(extra: list[str]) -> None:
 
 @needs_no_nxdi
 def test_check_forward_without_nxdi_preflights_first(tiny_template: Path, tmp_path: Path) -> None:
-    done = cli("check-forward", str(tiny_template), "--source", str(tmp_path), "--allow-custom-model")
+    source = make_source(tmp_path / "hf", SOURCE_MXFP4, original=False)
+    ckpt = tmp_path / "fp8"
+    convert(source, ckpt, max_shard_size="64KB", progress=False)
+    done = cli("check-forward", str(ckpt), "--source", str(source), "--allow-custom-model")
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("nxdi-gptoss-fp8 check-forward: needs NxDI:")
+    # the memory line first, then the refusal
+    said, refused = done.stderr.splitlines()
+    assert said.startswith("nxdi-gptoss-fp8 check-forward: needs about ")
+    assert refused.startswith("nxdi-gptoss-fp8 check-forward: needs NxDI:")
+    not_a_source = cli("check-forward", str(ckpt), "--source", str(tmp_path), "--allow-custom-model")
+    assert not_a_source.returncode == 2 and not_a_source.stderr.count("\n") == 1
     broken = Path(shutil.copytree(tiny_template, tmp_path / "broken"))
     edit_config(broken, lambda c: c.__setitem__("hidden_size", 48))
     refused = cli("check-forward", str(broken), "--source", str(tmp_path), "--allow-custom-model")

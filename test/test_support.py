@@ -300,3 +300,21 @@ def test_selfcheck_prints_the_same_header(tmp_path: Path) -> None:
     report = SelfcheckReport(1, {"version": "0", "path": "/p", "files_sha256": "0" * 64}, {}, model, support=header)
     assert report.render_text().startswith(header.render_text() + "\nnxdi-gptoss-fp8 selfcheck (tp 1)")
     assert report.to_dict()["support"] == header.to_dict()
+
+
+@pytest.mark.parametrize(("version", "status"), [("0.9.0", support.VERIFIED), ("0.10.1", support.EXPECTED),
+                                                 ("0.5.0", support.UNSUPPORTED), (None, support.UNSUPPORTED)])
+def test_a_component_run_from_source_is_not_reported_as_absent(tmp_path: Path, version: str | None, status: str) -> None:
+    report = support.environment_report(site_with(tmp_path, {"torch": "2.13.0"}), python_version="3.11.0")
+    support.from_source(report, "NxDI", version, "/src/nxdi/src/neuronx_distributed_inference")
+    found = report.component("NxDI")
+    assert found.status == status and found.version == version
+    assert found.reason.startswith("from source at /src/nxdi/src/neuronx_distributed_inference (no installed distribution)")
+    assert "not installed" not in report.render_text().split("NxDI")[1].splitlines()[0]
+
+
+def test_an_installed_component_is_left_as_installed(tmp_path: Path) -> None:
+    report = support.environment_report(site_with(tmp_path, SDK_229), python_version="3.11.0")
+    before = report.component("NxDI")
+    support.from_source(report, "NxDI", "0.5.0", "/elsewhere")
+    assert report.component("NxDI") == before

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from .. import format as fmt
@@ -84,7 +85,8 @@ def add_selfcheck_command(commands: Any) -> None:
         description="Write one tiny GPT-OSS weight set as HF MXFP4, normalized FP8 and NxDI's legacy FP8, run NxDI's "
                     "model in its CPU mode from each (normalized through this package's hook) and transformers' "
                     "GptOssForCausalLM on the same weights: normalized vs legacy must be bit-identical, each within "
-                    "1e-5 of transformers. Exit 0 pass, 1 mismatch, 2 cannot run (NxDI missing).",
+                    "1e-5 of transformers. Exit 0 pass, 1 mismatch, 2 cannot run (NxDI missing or importable "
+                    "only in part: one line says what is missing and how to get it).",
     )
     selfcheck.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree; N > 1 runs N torchrun workers (gloo)")
     selfcheck.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -103,11 +105,21 @@ def _cmd_check_forward(args: argparse.Namespace) -> int:
             args.path, args.source, layers=args.layers, tokens=args.tokens, steps=args.steps,
             neuron_config=_load_neuron_config(args.neuron_config),
             allow_custom_model=_allow_custom(args),
+            say=lambda line: print(f"nxdi-gptoss-fp8 check-forward: {line}", file=sys.stderr, flush=True),
         )
     except (CpuModelError, ConversionError, ValueError) as exc:  # cannot run, or unusable inputs
         raise UsageError(str(exc)) from None
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
     return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
+def _layer_count(text: str) -> int | None:
+    """``--layers``: a positive whole number, or ``all`` (None: every layer of the checkpoint)."""
+    if text.strip().lower() == "all":
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1, or 'all', not {text!r}")
+    return int(text)
 
 
 def add_check_forward_command(commands: Any) -> None:
@@ -118,11 +130,16 @@ def add_check_forward_command(commands: Any) -> None:
                     "mode) and the same K layers of the published source (HF MXFP4 decoded exactly, or BF16) in "
                     "transformers on a fixed token sequence; report per position max |Δlogit|, cosine, top-1 "
                     "agreement and KL. An MXFP4 source must agree to float32 rounding, a BF16 source within FP8 "
-                    "quantization error. Exit 1 on a preflight failure or a violated bound.",
+                    "quantization error. Before NxDI is imported it refuses (exit 2, one line) a source the reference "
+                    "cannot read (compressed-tensors: pass the HF checkpoint instead), a source of another model, and "
+                    "a host without the memory the run needs (it says how much first). Exit 1 on a preflight failure "
+                    "or a violated bound.",
     )
     check_forward.add_argument("path", metavar="CKPT", help="the normalized checkpoint directory")
     check_forward.add_argument("--source", required=True, metavar="HF_DIR", help="the HF checkpoint it was made from")
-    check_forward.add_argument("--layers", type=int, default=2, metavar="K", help="decoder layers to run (default 2)")
+    check_forward.add_argument("--layers", type=_layer_count, default=2, metavar="K",
+                               help="decoder layers to run, or 'all' (default 2); memory holds one layer's experts "
+                                    "at a time, so K adds little memory, only time")
     check_forward.add_argument("--tokens", type=int, default=12, metavar="N", help="length of the token sequence (default 12)")
     check_forward.add_argument("--steps", type=int, default=6, metavar="S", help="teacher-forced token steps after the context pass (default 6)")
     check_forward.add_argument("--neuron-config", metavar="FILE.json",

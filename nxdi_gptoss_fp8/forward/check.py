@@ -2,7 +2,8 @@
 layers) against transformers on the published source's same K layers.
 
 Order: preflight the whole checkpoint (a failure stops here: no model is built, NxDI is not
-imported); copy the first K layers and the global tensors into a K-layer normalized checkpoint
+imported); refuse at once a source the reference cannot read, a source of another model and a
+host without the memory the run needs (``memory``); copy the first K layers and the global tensors into a K-layer normalized checkpoint
 (only those tensors are read); run NxDI's model from it through the hook; run the reference; compare
 per position under the bound the source allows (``forward_metrics``): an MXFP4 source must agree
 to float32 rounding, a BF16 source within FP8 quantization error.
@@ -14,6 +15,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,6 +24,7 @@ from ..errors import ConversionError
 from ..safeio.json_file import read_json_file
 from ..validate.findings import PreflightReport
 from ..validate.pipeline import allow_custom_from_env, preflight
+from .memory import MemoryNeed
 from .metrics import EXACT, QUANTIZED, Bound, PositionMetrics, bound_for, compare, summarize
 
 __all__ = [
@@ -47,6 +50,7 @@ class ForwardCheckReport:
     bound: Bound | None = None
     positions: list[PositionMetrics] = field(default_factory=list)
     neuron_config_changed: list[str] = field(default_factory=list)
+    memory: MemoryNeed | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -66,6 +70,7 @@ class ForwardCheckReport:
             "summary": summarize(self.positions) if self.positions else None,
             "positions": [asdict(m) for m in self.positions],
             "neuron_config_changed_for_cpu": self.neuron_config_changed,
+            "memory_estimate": self.memory.to_dict() if self.memory else None,
             "timings_s": {key: round(value, 3) for key, value in self.timings.items()},
         }
 
@@ -77,6 +82,8 @@ class ForwardCheckReport:
                  f"  reference: transformers GptOssForCausalLM on {self.source} ({self.source_format}), float32",
                  f"  first {self.layers} layers, {len(self.tokens)} tokens: context pass over {self.context}, "
                  f"{len(self.tokens) - self.context} teacher-forced steps"]
+        if self.memory is not None:
+            lines.append(f"  memory: {self.memory.render()}")
         if self.neuron_config_changed:
             lines.append(f"  NeuronConfig keys set for the CPU: {', '.join(self.neuron_config_changed)}")
         assert self.bound is not None
@@ -122,9 +129,12 @@ def write_window(ckpt: str, out: str, layout: fmt.Layout, layers: int, *, allow_
     dims = fmt.ModelDims(**{**layout.dims.as_dict(), "num_hidden_layers": layers})
     window = fmt.Layout(dims, layout.padded_hidden_size, layout.padded_intermediate_size)
     source = {"generator": "nxdi-gptoss-fp8 check-forward", "window_of": os.path.abspath(ckpt), "layers": layers}
+    from .layer_experts import release_pages
+
     with CheckpointWriter(out, window, fmt.PROFILE_CUSTOM, config, max_shard_size=WINDOW_SHARD_SIZE, source=source) as writer:
         for name in fmt.expected_namespace(window):
             writer.put(name, loaded.state_dict[name])
+            release_pages(loaded.state_dict[name])  # written: its mapped pages leave this process's memory
         return writer.commit()
 
 
@@ -132,58 +142,72 @@ def check_forward(
     ckpt: str | os.PathLike[str],
     source: str | os.PathLike[str],
     *,
-    layers: int = DEFAULT_LAYERS,
+    layers: int | None = DEFAULT_LAYERS,
     tokens: int = DEFAULT_TOKENS,
     steps: int = DEFAULT_STEPS,
     neuron_config: dict[str, Any] | None = None,
     allow_custom_model: bool = False,
+    say: Callable[[str], None] | None = None,
+    available_memory: tuple[int | None, str] | None = None,
 ) -> ForwardCheckReport:
-    """Run the forward check of ``ckpt`` against the HF source ``source``.
+    """Run the forward check of ``ckpt`` against the HF source ``source`` (``layers`` None: all).
 
-    Raises ``CpuModelError`` when NxDI, NxD or transformers is missing, ``ConversionError``
-    when ``source`` is not an HF GPT-OSS checkpoint of the same model, ``ValueError`` for bad
-    counts. A preflight failure is not raised: the report says so (``model_built`` False).
-    Example::
+    Everything that can refuse is decided before NxDI is imported or a model is built: the
+    preflight, the source's kind (the reference reads HF MXFP4 and BF16 only) and model, the
+    counts, and the memory the run needs against what the host offers (``say`` gets that line
+    first; ``available_memory`` replaces the host's figure, for tests). Raises ``CpuModelError``
+    when NxDI, NxD or transformers is missing or the host lacks the memory, ``ConversionError``
+    when ``source`` is not a readable HF GPT-OSS checkpoint of the same model, ``ValueError``
+    for bad counts. A preflight failure is not raised: the report says so (``model_built``
+    False). Example::
 
         report = check_forward("/ckpt/gpt-oss-20b-fp8", "/hf/gpt-oss-20b", layers=2)
         print(report.render_text())
     """
     from ..convert import SOURCE_MXFP4, open_source
     from . import cpu_model
+    from .memory import check_memory, forward_memory
+    from .reference import require_reference_kind
 
     ckpt, source = os.path.abspath(os.fspath(ckpt)), os.path.abspath(os.fspath(source))
     allow_custom_model = allow_custom_model or allow_custom_from_env()
     started = time.perf_counter()
-    report = ForwardCheckReport(ckpt, source, layers, preflight(ckpt, neuron_config=neuron_config,
-                                                               allow_custom_model=allow_custom_model))
+    report = ForwardCheckReport(ckpt, source, layers or 0, preflight(ckpt, neuron_config=neuron_config,
+                                                                    allow_custom_model=allow_custom_model))
     report.timings["preflight"] = time.perf_counter() - started
     if not report.preflight.ok:
         return report
-    cpu_model.require_nxdi()
     src = open_source(source)
+    require_reference_kind(src.kind, source)
     dims = fmt.dims_from_config(_read_config(ckpt))
     if src.dims != dims:
         raise ConversionError(f"{source} is not the model of {ckpt}: its dimensions {src.dims.as_dict()} differ "
                               f"from {dims.as_dict()}")
+    layers = dims.num_hidden_layers if layers is None else layers
     if not 1 <= layers <= dims.num_hidden_layers:
-        raise ValueError(f"--layers must be 1..{dims.num_hidden_layers}, not {layers}")
+        raise ValueError(f"--layers must be 1..{dims.num_hidden_layers} or all, not {layers}")
+    report.layers = layers
     plan = cpu_model.fixed_plan(dims.vocab_size, tokens, steps)
+    layout = report.preflight.view.layout if report.preflight.view is not None else None
+    assert layout is not None, "a clean preflight report holds the checkpoint's layout"
+    report.memory = forward_memory(layout, layers, cpu_model.NxdiCpuAdaptations.seq_len(plan, dims.sliding_window))
+    line = check_memory(report.memory, available_memory)
+    if say is not None:
+        say(line)
+    cpu_model.require_nxdi()
     report.source_format, report.tokens, report.context = src.kind, list(plan.tokens), plan.context
     with tempfile.TemporaryDirectory(prefix="nxdi-gptoss-fp8-window-") as work:
         window = ckpt
         if layers < dims.num_hidden_layers:
             mark = time.perf_counter()
-            layout = report.preflight.view.layout if report.preflight.view is not None else None
-            assert layout is not None, "a clean preflight report holds the checkpoint's layout"
             window = write_window(ckpt, os.path.join(work, "window"), layout, layers, allow_custom_model=allow_custom_model)
             report.timings["window"] = time.perf_counter() - mark
         settings = dict(neuron_config or {})
-        layout = report.preflight.view.layout if report.preflight.view is not None else None
-        if layout is not None:  # a padded checkpoint runs only with its padding (set unless given)
-            for key, size, base in (("padded_hidden_size", layout.padded_hidden_size, dims.hidden_size),
-                                    ("padded_intermediate_size", layout.padded_intermediate_size, dims.intermediate_size)):
-                if size != base:
-                    settings.setdefault(key, size)
+        # a padded checkpoint runs only with its padding (set unless given)
+        for key, size, base in (("padded_hidden_size", layout.padded_hidden_size, dims.hidden_size),
+                                ("padded_intermediate_size", layout.padded_intermediate_size, dims.intermediate_size)):
+            if size != base:
+                settings.setdefault(key, size)
         spec = cpu_model.RunSpec(window, cpu_model.ROUTE_NORMALIZED, settings,
                                  allow_custom_model=allow_custom_model or window != ckpt)
         _, report.neuron_config_changed = cpu_model.neuron_settings(spec, plan, 1, layers, dims.sliding_window)

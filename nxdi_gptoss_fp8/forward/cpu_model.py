@@ -39,9 +39,9 @@ from ..errors import CpuModelError
 from ..safeio.json_file import read_json_file
 
 __all__ = [
-    "MODELING", "NXD", "NXDI", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "TOOL_ERROR_LINES",
+    "CPU_EXTRA", "MODELING", "NEURON_ONLY_ROOTS", "NXD", "NXDI", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "TOOL_ERROR_LINES",
     "TORCHRUN_TIMEOUT_S", "ForwardPlan", "NxdiCpuAdaptations", "RunSpec", "environment", "fixed_plan",
-    "neuron_settings", "require_nxdi", "run_forward", "run_forwards",
+    "import_failure", "neuron_settings", "require_nxdi", "run_forward", "run_forwards",
 ]
 
 NXDI = "neuronx_distributed_inference"
@@ -51,6 +51,10 @@ MODELING = f"{NXDI}.models.gpt_oss.modeling_gpt_oss"
 ROUTE_HF, ROUTE_LEGACY, ROUTE_NORMALIZED = "hf", "legacy", "normalized"
 _ROUTE_FORMAT = {ROUTE_HF: "hf", ROUTE_LEGACY: "legacy", ROUTE_NORMALIZED: "normalized_fp8"}
 TOOL_ERROR_LINES = 3
+# import roots that exist only on Neuron hosts (no wheel runs elsewhere)
+NEURON_ONLY_ROOTS = ("torch_neuronx", "torch_xla", "libneuronxla", "neuronxcc", "nki", "nkilib")
+# what a CPU host adds to run NxDI's model from its sources (the PyPI-real packages NxD imports)
+CPU_EXTRA = "pip install 'nxdi-gptoss-fp8[nxdi-cpu]'"
 TORCHRUN_TIMEOUT_S = 900
 
 
@@ -102,7 +106,13 @@ class RunSpec:
 
 
 def require_nxdi() -> None:
-    """Raise ``CpuModelError`` (one line) unless NxDI, NxD and transformers can be imported."""
+    """Raise ``CpuModelError`` (one line) unless NxDI's GPT-OSS model, NxD and transformers import.
+
+    Finding the packages is not enough: sources on ``PYTHONPATH`` are found and may still fail
+    to import (NxD imports ``boto3`` and ``tenacity`` at package import; ``torch_xla`` and
+    ``torch_neuronx`` exist only on Neuron hosts), so the model's module is imported here, once,
+    and any failure becomes one line that names what is missing and where to get it.
+    """
     missing = [name for name in (NXDI, NXD) if not _importable(name)]
     if missing:
         raise CpuModelError(
@@ -111,6 +121,26 @@ def require_nxdi() -> None:
         )
     if not _importable("transformers"):
         raise CpuModelError("needs transformers (the reference model): pip install 'nxdi-gptoss-fp8[forward]'")
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+            warnings.simplefilter("ignore")
+            importlib.import_module(MODELING)
+    except Exception as exc:  # whatever NxDI's import raises: a missing module, a stand-in lacking a name, ...
+        raise CpuModelError(import_failure(exc)) from None
+
+
+def import_failure(exc: BaseException) -> str:
+    """One line for a failed import of NxDI's GPT-OSS model: what is missing and how to get it."""
+    missing = exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError) and exc.name else None
+    if missing in NEURON_ONLY_ROOTS:
+        return (f"NxDI is importable here only in part: its GPT-OSS model needs {missing}, which exists only on a "
+                "Neuron host (a Neuron DLAMI or container); run this there (the README's \"Where selfcheck and "
+                "check-forward run\" says how a CPU host gets the rest)")
+    if missing is not None:
+        return (f"NxDI is importable here only in part: importing its GPT-OSS model needs the module {missing!r}; "
+                f"NxD imports boto3 and tenacity on any host: {CPU_EXTRA}")
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"NxDI is importable here only in part: importing {MODELING} failed: {type(exc).__name__}: {first}"
 
 
 def _importable(name: str) -> bool:
@@ -257,28 +287,20 @@ class NxdiCpuAdaptations:
         each wrapper's ``model_cls`` builds through NxDI's own ``load_module()`` instead, giving
         the module the device path traces (NxD ``QuantizedExpertFused*`` layers with FP8 weights
         and their scales). No longer needed when, after a plain ``to_cpu()`` of a quantized
-        model, the experts' ``gate_up_proj`` is a ``QuantizedExpertFusedColumnParallel``."""
-        from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
+        model, the experts' ``gate_up_proj`` is a ``QuantizedExpertFusedColumnParallel``.
+
+        The expert weights are held one decoder layer at a time (``layer_experts``): to_cpu
+        would otherwise build every layer's experts in float32 and hold every layer's FP8
+        copy (≈ 3 GiB per gpt-oss-20b layer). No longer needed when to_cpu builds quantized
+        modules without float32 weights and loads them without a copy."""
+        from .layer_experts import quantized_one_layer_at_a_time
 
         quantized = app.neuron_config.quantized or app.neuron_config.is_mlp_quantized()
-        originals = [(wrapper, wrapper.model_cls) for wrapper in app.models]
-        if quantized:
-            for wrapper, model_cls in originals:
-                wrapper.model_cls = _built_by_load_module(DecoderModelInstance, model_cls)
-        try:
+        if not quantized:
             yield
-        finally:
-            for wrapper, model_cls in originals:
-                wrapper.model_cls = model_cls
-
-
-def _built_by_load_module(instance_cls: type, model_cls: type) -> Any:
-    def build(config: Any) -> Any:
-        instance = instance_cls(model_cls, config)
-        instance.load_module()
-        return instance.module
-
-    return build
+            return
+        with quantized_one_layer_at_a_time(app, self.tp):
+            yield
 
 
 # --------------------------------------------------------------------------- one run

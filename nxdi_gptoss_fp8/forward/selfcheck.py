@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._version import __version__
-from ..support import EnvironmentReport, environment_report
+from ..support import EnvironmentReport, environment_report, from_source
 
 __all__ = [
     "STEPS", "TOKENS", "TRANSFORMERS_TOLERANCE", "Comparison", "SelfcheckReport", "package_identity", "selfcheck",
@@ -140,7 +140,12 @@ def selfcheck(tp: int = 1) -> SelfcheckReport:
     model = {"layers": dims.num_hidden_layers, "experts": dims.num_local_experts, "top_k": dims.num_experts_per_tok,
              "hidden_size": dims.hidden_size, "intermediate_size": dims.intermediate_size,
              "vocab_size": dims.vocab_size, "tokens": len(plan.tokens), "context": plan.context}
-    report = SelfcheckReport(tp, package_identity(), cpu_model.environment(), model, support=environment_report())
+    imported = cpu_model.environment()
+    support = environment_report()
+    for component, module in (("NxDI", cpu_model.NXDI), ("NxD", cpu_model.NXD)):  # a source tree on sys.path
+        version = imported[module]["version"]
+        from_source(support, component, None if version == "unknown" else version, imported[module]["path"])
+    report = SelfcheckReport(tp, package_identity(), imported, model, support=support)
     with tempfile.TemporaryDirectory(prefix="nxdi-gptoss-fp8-selfcheck-") as work:
         hf = str(make_source(os.path.join(work, "hf"), SOURCE_MXFP4, dims=dims, original=False))
         normalized = os.path.join(work, "normalized")

@@ -11,7 +11,7 @@ code is exercised by ``test_nxdi_conformance.py``.
 ``installed()`` puts fresh copies of these modules into ``sys.modules`` under NxDI's names.
 ``neuron_stubs`` is the other half: it lets the REAL NxDI source import on CPU (conformance).
 ``cpu_roots`` (with ``cpu_site/sitecustomize.py``) stubs only the Neuron-only roots, so NxDI's real
-model runs in its CPU mode on real NxD and transformers (``test_cpu_model.py``).
+model runs in its CPU mode on real NxD and transformers (``test_forward_cpu_model.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,92 @@
+"""How much memory ``check-forward`` needs, from the model's shapes, and whether the host has it.
+
+The two models run one after the other, each holding one decoder layer's experts at a time
+(``layer_experts`` for NxDI, per-layer hooks in ``reference``), so the need is the larger of:
+
+* NxDI's model: its float32 embedding and head and every checked layer's attention in float32,
+  with the BF16 pages they were loaded from (dropped once copied); for the layer running, its
+  FP8 experts twice (NxD's sharded copy, and the mapped pages it was copied from) and what NxD
+  dequantizes to float32: every expert at once on its all-experts path (a context of fewer
+  than ``BLOCK_SIZE`` / top-k tokens), else one expert per block (its blockwise path);
+* the reference: its float32 embedding and head, one layer's attention in float32, and the
+  experts it decodes one at a time, with the source bytes of the layer;
+
+plus the process itself (torch, NxDI, NxD and transformers imported). Figures are estimates
+with a margin (``MARGIN``), checked against ``scripts/bench_check_forward.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .. import format as fmt
+from ..units import format_bytes
+
+__all__ = ["BLOCK_SIZE", "MARGIN", "PROCESS_BYTES", "MemoryNeed", "check_memory", "forward_memory"]
+
+PROCESS_BYTES = 900 << 20  # the interpreter with torch, NxDI, NxD and transformers imported
+MARGIN = 1.15
+F32 = 4
+BLOCK_SIZE = 512  # NxD's default blockwise block size (modules/moe/model_utils.DEFAULT_BLOCK_SIZE)
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """The estimate: the total and its parts, in bytes."""
+
+    total: int
+    nxdi: int
+    reference: int
+    per_layer: int
+    layers: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def render(self) -> str:
+        return (f"about {format_bytes(self.total)} for {self.layers} layer{'s' if self.layers != 1 else ''} "
+                f"(NxDI's model {format_bytes(self.nxdi)}, then the reference {format_bytes(self.reference)}; "
+                f"{format_bytes(self.per_layer)} more per further layer)")
+
+
+def _attention(hidden: int, dims: fmt.ModelDims) -> int:
+    q, kv = dims.num_attention_heads * dims.head_dim, dims.num_key_value_heads * dims.head_dim
+    return hidden * (q + 2 * kv) + q * hidden + q + 2 * kv + hidden + dims.num_attention_heads
+
+
+def forward_memory(layout: fmt.Layout, layers: int, seq_len: int) -> MemoryNeed:
+    """The memory ``check-forward`` needs for ``layers`` layers of ``layout`` and a context of ``seq_len``."""
+    dims = layout.dims
+    experts, hidden, inter = dims.num_local_experts, layout.padded_hidden_size, layout.padded_intermediate_size
+    per_expert = hidden * 2 * inter + inter * hidden
+    fp8_layer = experts * per_expert
+    all_experts = seq_len * dims.num_experts_per_tok < BLOCK_SIZE
+    dequantized = F32 * (experts if all_experts else 2) * per_expert
+    rows = seq_len * experts if all_experts else 2 * BLOCK_SIZE
+    activations = F32 * rows * (2 * inter + inter + hidden)
+    nxdi_layer = (F32 + 2) * _attention(hidden, dims)  # float32 parameters, and the BF16 pages while loading
+    nxdi = (PROCESS_BYTES + (F32 + 2) * 2 * dims.vocab_size * hidden + layers * nxdi_layer
+            + 2 * fp8_layer + dequantized + activations)
+    h, i = dims.hidden_size, dims.intermediate_size
+    source_layer = experts * (h * 2 * i + i * h)  # at most one byte a value (MXFP4: half), mapped while read
+    reference = (PROCESS_BYTES + F32 * 2 * dims.vocab_size * h + F32 * _attention(h, dims)
+                 + 2 * F32 * (h * 2 * i + i * h) + source_layer)
+    total = int(max(nxdi, reference) * MARGIN)
+    return MemoryNeed(total, int(nxdi * MARGIN), int(reference * MARGIN), int(nxdi_layer * MARGIN), layers)
+
+
+def check_memory(need: MemoryNeed, available: tuple[int | None, str] | None = None) -> str:
+    """A line saying what the check needs and what the host offers; ``CpuModelError`` (one line)
+    when the host offers less (``available`` defaults to ``convert.workers.available_memory()``:
+    MemAvailable, or the memory cgroup's headroom when smaller)."""
+    from ..convert.workers import available_memory
+    from ..errors import CpuModelError
+
+    offered, where = available if available is not None else available_memory()
+    if offered is None:
+        return f"needs {need.render()}; the host's free memory is unknown"
+    if need.total > offered:
+        raise CpuModelError(f"needs {need.render()}, and {where} offers {format_bytes(offered)}: "
+                            f"free memory or check fewer layers (--layers)")
+    return f"needs {need.render()}; {where} offers {format_bytes(offered)}"
