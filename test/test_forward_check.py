@@ -56,7 +56,7 @@ def test_the_cli_refuses_it_in_one_line_and_json(checkpoints: dict[str, Path], j
     assert "compressed-tensors-fp8 source" in done.stderr
     if json_flag:
         result = json.loads(done.stdout)
-        assert result["ok"] is False and result["exit_code"] == 2 and "compressed-tensors" in result["error"]
+        assert result["ok"] is False and result["exit_code"] == 2 and "compressed-tensors" in result["error"]["message"]
     else:
         assert done.stdout == ""
 

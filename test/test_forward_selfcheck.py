@@ -54,6 +54,6 @@ def test_selfcheck_with_nxdi_importable_only_in_part_is_one_line(tmp_path: Path,
         assert expected in done.stderr
     if json_flag:
         result = json.loads(done.stdout)
-        assert result["ok"] is False and result["exit_code"] == 2 and "only in part" in result["error"]
+        assert result["ok"] is False and result["exit_code"] == 2 and "only in part" in result["error"]["message"]
     else:
         assert done.stdout == ""
