@@ -215,11 +215,11 @@ class _Screen:
         self.proven, self.other = (torch.empty((rows, cols), dtype=torch.bool) for _ in range(2))
         self.index = torch.empty(rows * cols // 2 + 1, dtype=torch.int32)
 
-    def __call__(self, q: torch.Tensor, scale: torch.Tensor, want: torch.Tensor
+    def __call__(self, q: torch.Tensor, scale: torch.Tensor, want: torch.Tensor, floor: float = 0.0
                  ) -> tuple[int, float, torch.Tensor, torch.Tensor] | None:
         """(how many values are proven, their worst relative error exactly as ``_judge`` computes
-        it, the rows and columns of every other value, for ``_judge``); None when a scale is out
-        of range."""
+        it — or 0.0 when it cannot exceed ``floor`` — the rows and columns of every other value,
+        for ``_judge``); None when a scale is out of range."""
         magnitude = scale.abs()
         if not bool(((magnitude >= 2.0**-100) & (magnitude <= 2.0**100)).all()):
             return None
@@ -242,11 +242,16 @@ class _Screen:
         if count:
             rel = error.div_(size).masked_fill_(other, 0.0)  # float32 relative errors of the proven values
             top = float(rel.amax())
-            # the float64 maximum is among the values within float32's rounding of the float32 maximum
-            rows, columns = (rel >= top * (1 - 2.0**-20)).nonzero(as_tuple=True)
-            wanted = want[rows, columns].double()
-            exact_error = (fp8_values(q[rows, columns].contiguous()).double() * scale[rows].double() - wanted).abs()
-            rel_max = float((exact_error / wanted.abs()).max())
+            # float32 rounding moves a relative error r by at most 2^-24·(1 + 3r): the float64
+            # maximum is among the values within ``slack`` of the float32 one (skipped when even
+            # those cannot beat ``floor``, the largest already found)
+            slack = 2.0**-21 * (1 + 4 * top)
+            if top + slack >= floor:
+                rows, columns = (rel >= top - slack).nonzero(as_tuple=True)
+                wanted = want[rows, columns].double()
+                exact_error = (fp8_values(q[rows, columns].contiguous()).double() * scale[rows].double()
+                               - wanted).abs()
+                rel_max = float((exact_error / wanted.abs()).max())
         where_rows, where_cols = other.nonzero(as_tuple=True)
         return count, rel_max, where_rows, where_cols
 
@@ -343,7 +348,7 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
                 values = fp8_values(q[where_rows, where_cols].contiguous())
                 wanted_values = wanted[where_rows, where_cols]
                 exact, bad, error = _judge(wanted_values, values, s[where_rows])
-            elif in_range and (screened := screen(q, s, wanted)) is not None:
+            elif in_range and (screened := screen(q, s, wanted, result.max_rel_error)) is not None:
                 inexact, rel_max, where_rows, where_cols = screened
                 result.inexact += inexact
                 result.max_rel_error = max(result.max_rel_error, rel_max)
