@@ -616,3 +616,20 @@ def test_output_is_byte_identical_to_0_3_0(case: str, workers: int, tmp_path_fac
     shards = {name: digest for name, digest in tree_digest(out).items() if name.endswith(".safetensors")}
     assert shards == {"model-00001-of-00001.safetensors": SHARD_SHA256_0_3_0[case]}, (
         "the output differs from 0.3.0's (if the synthetic sources changed on purpose, recompute the digests with 0.3.0)")
+
+
+@pytest.mark.parametrize(("workers", "threads"), [(1, 2), (3, 3)])
+def test_shards_are_hashed_by_as_many_threads_as_workers(mxfp4_source: Path, tmp_path: Path, workers: int, threads: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from nxdi_gptoss_fp8 import writer
+
+    seen: list[int] = []
+    real = writer.hash_files
+
+    def counting(paths, *, workers: int, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(workers)
+        return real(paths, workers=workers, **kwargs)
+
+    monkeypatch.setattr(writer, "hash_files", counting)
+    convert(mxfp4_source, tmp_path / "out", progress=False, workers=workers)
+    assert seen == [threads]
