@@ -29,6 +29,7 @@ FP8_MAX = np.float32(240.0)
 FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
 _DTYPES = {"BF16": np.uint16, "F32": np.float32, "U8": np.uint8, "F8_E4M3": np.uint8, "F16": np.float16}
 Encoded = tuple[np.ndarray, np.ndarray]  # (uint8 [in', out'], float32 scale [out'])
+CHUNK_ROWS = 64  # rows of a 2880-wide expert at a time: the passes stay in cache
 
 
 class SafetensorsFile:
@@ -59,10 +60,14 @@ def e4m3_bytes(y: np.ndarray) -> np.ndarray:
     a = np.abs(y)
     bits = a.view(np.uint32)
     rounded = (bits + np.uint32(0x7FFFF) + ((bits >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)
-    normal = rounded.astype(np.int32) - ((127 - 7) << 3)  # exponent field and 3 mantissa bits, rebiased
-    subnormal = np.rint(a * np.float32(512.0)).astype(np.int32)  # multiples of 2^-9 (exact scaling)
+    normal = rounded.view(np.int32) - ((127 - 7) << 3)  # exponent field and 3 mantissa bits, rebiased
+    # below 2^-6: multiples of 2^-9, rounded to nearest even by adding 1.5·2^14 (whose float32 ulp is 2^-9)
+    subnormal = (a + _SUBNORMAL_MAGIC).view(np.int32) - _SUBNORMAL_MAGIC.view(np.int32)
     code = np.where(a < np.float32(2.0**-6), subnormal, normal).astype(np.uint8)
-    return code | (np.signbit(y).astype(np.uint8) << np.uint8(7))
+    return code | (y.view(np.uint32) >> np.uint32(24)).astype(np.uint8) & np.uint8(0x80)
+
+
+_SUBNORMAL_MAGIC = np.float32(1.5 * 2.0**14)
 
 
 def _e4m3_table() -> np.ndarray:
@@ -103,23 +108,43 @@ def _scales(scale: np.ndarray, width: int, interleaved_half: int | None) -> np.n
     return out
 
 
+def _pow2(exponents: np.ndarray) -> np.ndarray:
+    """float32 2^e, exactly (float32's normal range through the bits; below it by ldexp)."""
+    e = exponents.astype(np.int32)
+    normal = ((np.clip(e, -126, 127) + 127).astype(np.uint32) << np.uint32(23)).view(np.float32)
+    return np.where(e >= -126, normal, np.ldexp(np.float32(1.0), e).astype(np.float32))
+
+
 def _bf16(weight: np.ndarray, padded: tuple[int, int], half: int | None) -> Encoded:
-    w = _float32(weight)  # [in, out] as stored: one channel a column
-    amax = np.abs(w).max(axis=0)
+    amax = np.zeros(weight.shape[1], np.float32)
+    for start in range(0, weight.shape[0], CHUNK_ROWS):  # [in, out] as stored: one channel a column
+        np.maximum(amax, np.abs(_float32(weight[start:start + CHUNK_ROWS])).max(axis=0), out=amax)
     scale = np.where(amax > 0, np.maximum(amax / FP8_MAX, np.float32(2.0**-126)), np.float32(1.0)).astype(np.float32)
-    q = e4m3_bytes(np.clip(w / scale, -FP8_MAX, FP8_MAX))
+    q = np.empty(weight.shape, np.uint8)
+    for start in range(0, weight.shape[0], CHUNK_ROWS):
+        w = _float32(weight[start:start + CHUNK_ROWS])
+        q[start:start + CHUNK_ROWS] = e4m3_bytes(np.clip(w / scale, -FP8_MAX, FP8_MAX))
     return _place(q.T, padded, half), _scales(scale, padded[1], half)
+
+
+# each packed byte's two values (low nibble first) as one 8-byte item, so a take() decodes both
+_FP4_PAIRS = np.ascontiguousarray(np.stack((FP4[np.arange(256) & 0x0F], FP4[np.arange(256) >> 4]), axis=-1)
+                                  ).view(np.uint64).reshape(256)
 
 
 def _mxfp4(blocks: np.ndarray, block_scales: np.ndarray, padded: tuple[int, int], half: int | None) -> Encoded:
     rows = blocks.shape[0]
-    codes = np.stack((blocks & 0x0F, blocks >> 4), axis=-1).reshape(rows, -1, 32)
-    values = np.ldexp(FP4[codes], (block_scales.astype(np.int32) - 127)[..., None]).reshape(rows, -1)
-    largest = np.abs(values).max(axis=1)
-    _, exponent = np.frexp(largest)  # largest = m · 2^exponent, m in [0.5, 1)
-    t = np.where(largest > 0, np.clip(exponent - 1 - 7, -126, 127), 0).astype(np.int32)
-    q = e4m3_bytes(np.ldexp(values, -t[:, None]).astype(np.float32))
-    return _place(q, padded, half), _scales(np.ldexp(np.float32(1.0), t).astype(np.float32), padded[1], half)
+    q = np.empty((rows, blocks.shape[1] * 32), np.uint8)
+    t = np.empty(rows, np.int32)
+    for start in range(0, rows, CHUNK_ROWS // 4):
+        stop = min(rows, start + CHUNK_ROWS // 4)
+        codes = np.take(_FP4_PAIRS, blocks[start:stop]).view(np.float32).reshape(stop - start, -1, 32)
+        values = (codes * _pow2(block_scales[start:stop].astype(np.int32) - 127)[..., None]).reshape(stop - start, -1)
+        largest = np.abs(values).max(axis=1)
+        _, exponent = np.frexp(largest)  # largest = m · 2^exponent, m in [0.5, 1)
+        t[start:stop] = np.where(largest > 0, np.clip(exponent - 1 - 7, -126, 127), 0)
+        q[start:stop] = e4m3_bytes(values * _pow2(-t[start:stop])[:, None])
+    return _place(q, padded, half), _scales(_pow2(t), padded[1], half)
 
 
 def _ct(q: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
