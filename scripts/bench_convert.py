@@ -44,8 +44,19 @@ case ``--repeat`` times in a fresh process:
 with the load average before and after (the machine may be shared), and peak RSS of the main
 process and of the busiest worker process.
 
+With ``--numpy`` it measures instead each source kind (hf-bf16, hf-mxfp4, compressed-tensors)
+against ``scripts/numpy_encoder.py``, an independent numpy encoder written from docs/format.md,
+on one layer of gpt-oss-120b shapes with ``--experts`` experts (default 16): the baseline's
+output is first compared byte for byte with ours on the whole of layer 0, then, ``--repeat``
+times (default 3) interleaved, each in a fresh process: our ``convert()``, the baseline's
+convert (read, encode, write in order hashing while it writes, fsync), ``verify_conversion()``,
+and the encoding alone (layer 0 in memory, one thread) by each; it prints the medians in GB of
+FP8 per CPU-second (user + system from the OS, every thread and worker process of the call),
+the ratios, and verify-conversion / convert in CPU and wall time.
+
     NXDI_SRC=/path/to/neuronx-distributed-inference python scripts/bench_convert.py [--layers 1 2]
     python scripts/bench_convert.py --layers 2 --workers 1 2 [--repeat 3]
+    python scripts/bench_convert.py --numpy [--experts 16] [--repeat 3]
 """
 
 from __future__ import annotations
