@@ -198,6 +198,71 @@ def _judge(want: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor
     return exact, bad, error
 
 
+def _no_screen(*_: object) -> None:
+    """Sources whose values float32 cannot hold go through ``_judge`` alone."""
+    return None
+
+
+class _Screen:
+    """For rows of requantized values (any float32 scale), the values float32 alone proves
+    inexact and within the bound — what ``_judge`` would say of them, without its float64 passes
+    — through buffers of ``rows`` × ``cols`` allocated once per expert (fresh ones would cost
+    page faults on every block).
+
+    With ``g = fl(fp8 × scale)`` and ``e = fl(|g − w|)`` a value is proven when ``e > 0`` (then the
+    float64 product is not ``w`` either: inexact), ``e ≤ max(2^-4·|w|, 2^-10·scale)`` (the true
+    error then exceeds ``e`` by at most 2^-19 of the bound, within its 2^-16 slack), and
+    ``fl(w / scale)`` has a non-zero bit among its low 20 mantissa bits (an E4M3 value has at most
+    4 significant bits and would divide exactly: not representable, so inexact is allowed).
+    Scales must lie in [2^-100, 2^100], so that none of these float32 results is subnormal."""
+
+    def __init__(self, rows: int, cols: int) -> None:
+        self.error, self.size, self.bound, self.ratio = (torch.empty((rows, cols), dtype=torch.float32)
+                                                         for _ in range(4))
+        self.proven, self.other = (torch.empty((rows, cols), dtype=torch.bool) for _ in range(2))
+        self.index = torch.empty(rows * cols // 2 + 1, dtype=torch.int32)
+
+    def __call__(self, q: torch.Tensor, scale: torch.Tensor, want: torch.Tensor, floor: float = 0.0
+                 ) -> tuple[int, float, torch.Tensor, torch.Tensor] | None:
+        """(how many values are proven, their worst relative error exactly as ``_judge`` computes
+        it — or 0.0 when it cannot exceed ``floor`` — the rows and columns of every other value,
+        for ``_judge``); None when a scale is out of range."""
+        magnitude = scale.abs()
+        if not bool(((magnitude >= 2.0**-100) & (magnitude <= 2.0**100)).all()):
+            return None
+        n, cols = q.shape
+        s = scale.unsqueeze(1)
+        error, size, bound, ratio = self.error[:n], self.size[:n], self.bound[:n], self.ratio[:n]
+        proven, other = self.proven[:n], self.other[:n]
+        values = fp8_values(q, out=error, index=self.index[: n * cols // 2]) if q.numel() % 2 == 0 else \
+            error.copy_(fp8_values(q))
+        error = values.mul_(s).sub_(want).abs_()
+        torch.abs(want, out=size)
+        torch.maximum(torch.mul(size, RELATIVE_STEP, out=bound), s * SUBNORMAL_STEP, out=bound)
+        torch.le(error, bound, out=proven)
+        proven.bitwise_and_(torch.gt(error, 0, out=other))
+        mantissa = torch.div(want, s, out=ratio).view(torch.int32).bitwise_and_(0xFFFFF)
+        proven.bitwise_and_(torch.ne(mantissa, 0, out=other))
+        count = int(proven.sum())
+        torch.logical_not(proven, out=other)
+        rel_max = 0.0
+        if count:
+            rel = error.div_(size).masked_fill_(other, 0.0)  # float32 relative errors of the proven values
+            top = float(rel.amax())
+            # float32 rounding moves a relative error r by at most 2^-24·(1 + 3r): the float64
+            # maximum is among the values within ``slack`` of the float32 one (skipped when even
+            # those cannot beat ``floor``, the largest already found)
+            slack = 2.0**-21 * (1 + 4 * top)
+            if top + slack >= floor:
+                rows, columns = (rel >= top - slack).nonzero(as_tuple=True)
+                wanted = want[rows, columns].double()
+                exact_error = (fp8_values(q[rows, columns].contiguous()).double() * scale[rows].double()
+                               - wanted).abs()
+                rel_max = float((exact_error / wanted.abs()).max())
+        where_rows, where_cols = other.nonzero(as_tuple=True)
+        return count, rel_max, where_rows, where_cols
+
+
 def _byte_mismatches(q: torch.Tensor, scale: torch.Tensor, source_q: torch.Tensor, source_scale: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Stored E4M3 bytes ``q`` [rows, cols] with float32 ``scale`` [rows] against a source that is
@@ -241,6 +306,7 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
     # contiguous runs), then transposed within the cache (a strided read across the whole expert
     # would cost a TLB miss per byte)
     columns, block = torch.empty((cols, step), dtype=torch.uint8), torch.empty((step, cols), dtype=torch.uint8)
+    screen = _Screen(step, cols) if want.dtype == torch.float32 else _no_screen
     for offset, stride, back, scales, column in segments:
         rows = back.shape[0]
         fast = _products_exact(scales) & (want.dtype == torch.float32)
@@ -285,6 +351,15 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
                 result.exact += q.numel() - where_rows.numel()
                 try_equal = not where_rows.numel()
                 if try_equal:
+                    continue
+                values = fp8_values(q[where_rows, where_cols].contiguous())
+                wanted_values = wanted[where_rows, where_cols]
+                exact, bad, error = _judge(wanted_values, values, s[where_rows])
+            elif in_range and (screened := screen(q, s, wanted, result.max_rel_error)) is not None:
+                inexact, rel_max, where_rows, where_cols = screened
+                result.inexact += inexact
+                result.max_rel_error = max(result.max_rel_error, rel_max)
+                if not where_rows.numel():
                     continue
                 values = fp8_values(q[where_rows, where_cols].contiguous())
                 wanted_values = wanted[where_rows, where_cols]

@@ -44,8 +44,19 @@ case ``--repeat`` times in a fresh process:
 with the load average before and after (the machine may be shared), and peak RSS of the main
 process and of the busiest worker process.
 
+With ``--numpy`` it measures instead each source kind (hf-bf16, hf-mxfp4, compressed-tensors)
+against ``scripts/numpy_encoder.py``, an independent numpy encoder written from docs/format.md,
+on one layer of gpt-oss-120b shapes with ``--experts`` experts (default 16): the baseline's
+output is first compared byte for byte with ours on the whole of layer 0, then, ``--repeat``
+times (default 3) interleaved, each in a fresh process: our ``convert()``, the baseline's
+convert (read, encode, write in order hashing while it writes, fsync), ``verify_conversion()``,
+and the encoding alone (layer 0 in memory, one thread) by each; it prints the medians in GB of
+FP8 per CPU-second (user + system from the OS, every thread and worker process of the call),
+the ratios, and verify-conversion / convert in CPU and wall time.
+
     NXDI_SRC=/path/to/neuronx-distributed-inference python scripts/bench_convert.py [--layers 1 2]
     python scripts/bench_convert.py --layers 2 --workers 1 2 [--repeat 3]
+    python scripts/bench_convert.py --numpy [--experts 16] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -70,7 +81,7 @@ sys.path.insert(0, os.path.join(ROOT, "test", "support"))  # nxdi_standin
 import torch  # noqa: E402
 
 from nxdi_gptoss_fp8 import format as fmt  # noqa: E402
-from nxdi_gptoss_fp8.convert import SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, source_specs  # noqa: E402
+from nxdi_gptoss_fp8.convert import SOURCE_BF16, SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, source_specs  # noqa: E402
 from nxdi_gptoss_fp8.synthetic.sources import compressed_tensors_config, quantize_fp8_channel  # noqa: E402
 from nxdi_gptoss_fp8.writer import build_header  # noqa: E402
 
@@ -82,9 +93,12 @@ KINDS = (SOURCE_MXFP4, SOURCE_COMPRESSED_TENSORS)
 CT_OPTIONS = {"gate_up_split": "interleaved", "expert_names": "mlp.experts.E"}
 
 
-def bench_dims(layers: int, vocab: int) -> fmt.ModelDims:
+def bench_dims(layers: int, vocab: int, experts: int | None = None) -> fmt.ModelDims:
     base = fmt.PROFILES[fmt.PROFILE_120B]
-    return fmt.ModelDims(**{**base.as_dict(), "num_hidden_layers": layers, "vocab_size": vocab})
+    fields = {**base.as_dict(), "num_hidden_layers": layers, "vocab_size": vocab}
+    if experts is not None:
+        fields.update(num_local_experts=experts, num_experts_per_tok=min(experts, base.num_experts_per_tok))
+    return fmt.ModelDims(**fields)
 
 
 # --------------------------------------------------------------------------- sources
@@ -116,6 +130,12 @@ class _Filler:
                 centre = 120.0 + torch.randn((rows, 1), generator=self.generator)
                 spread = 1.5 * torch.randn((rows, blocks), generator=self.generator)
                 write((centre + spread).round().clamp(100, 140).to(torch.uint8))
+        elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # hf-bf16 experts, one at a time
+            pool = self._experts.setdefault(spec.shape[1:], [])
+            for expert in range(spec.shape[0]):
+                if len(pool) < DISTINCT_EXPERTS:
+                    pool.append(((0.02 * torch.randn(spec.shape[1:], generator=self.generator)).to(torch.bfloat16), None))
+                write(pool[expert % DISTINCT_EXPERTS][0])
         elif name.endswith((".weight", ".weight_scale")) and ".experts." in name and "_proj." in name:
             expert = int(name.split(".experts.")[1].split(".")[0])
             cols = self.dims.intermediate_size if ".down_proj." in name else self.dims.hidden_size
@@ -151,11 +171,12 @@ def _dtype(dtypes: tuple[str, ...]) -> str:
     return dtypes[0] if dtypes[0] in ("U8", fmt.F8_E4M3) else "BF16"
 
 
-def make_sources(workdir: str, kind: str, layer_counts: list[int], vocab: int) -> dict[int, str]:
+def make_sources(workdir: str, kind: str, layer_counts: list[int], vocab: int,
+                 experts: int | None = None) -> dict[int, str]:
     """One set of layer shards per kind, shared (hard links) by the sources of each layer count."""
     most = max(layer_counts)
-    dims = bench_dims(most, vocab)
-    pool = os.path.join(workdir, f"pool-{kind}")
+    dims = bench_dims(most, vocab, experts)
+    pool = os.path.join(workdir, f"pool-{kind}-{dims.num_local_experts}")
     os.makedirs(pool, exist_ok=True)
     specs = {name: fmt.TensorSpec(name, s.shape, _dtype(s.dtypes))
              for name, s in source_specs(dims, kind, CT_OPTIONS).items()}
@@ -176,14 +197,17 @@ def make_sources(workdir: str, kind: str, layer_counts: list[int], vocab: int) -
                   f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
     sources = {}
     for count in layer_counts:
-        root = os.path.join(workdir, f"src-{kind}-{count}")
+        root = os.path.join(workdir, f"src-{kind}-{dims.num_local_experts}-{count}")
         shutil.rmtree(root, ignore_errors=True)
         os.makedirs(root)
         if kind == SOURCE_MXFP4:
-            config = fmt.hf_config(bench_dims(count, vocab))
+            config = fmt.hf_config(bench_dims(count, vocab, experts))
             config["quantization_config"] = {"quant_method": "mxfp4"}
+        elif kind == SOURCE_BF16:
+            config = fmt.hf_config(bench_dims(count, vocab, experts))
+            del config["quantization_config"]
         else:
-            config = compressed_tensors_config(bench_dims(count, vocab))
+            config = compressed_tensors_config(bench_dims(count, vocab, experts))
         with open(os.path.join(root, fmt.CONFIG_FILE), "w") as handle:
             json.dump(config, handle)
         weight_map = {}
@@ -250,7 +274,7 @@ def child_convert(src: str, out: str, workers: str = "", forced: str = "") -> di
         return commit(self, *args, **kwargs)
 
     CheckpointWriter.commit = measured_commit  # type: ignore[method-assign]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu_seconds()
     report = convert(src, out, progress=False, overwrite=True, workers=int(workers) if workers else None)
     elapsed = time.perf_counter() - started
     valid = preflight(out, allow_custom_model=True).ok
@@ -258,17 +282,18 @@ def child_convert(src: str, out: str, workers: str = "", forced: str = "") -> di
             "bytes": report.bytes_written, "inexact": report.inexact_values, "max_rel_error": report.max_rel_error,
             "peak_rss_mb": _peak_rss_mb(), "streaming_peak_rss_mb": streaming_peak[0], "valid": valid,
             "worker_peak_rss_mb": _children_peak_rss_mb(), "cpu_seconds": _cpu_seconds(), "plan": report.workers,
+            "call_cpu_seconds": _cpu_seconds() - cpu,
             "stream_seconds": streamed[0]}
 
 
 def child_verify(src: str, out: str, workers: str = "") -> dict:
     from nxdi_gptoss_fp8.verify import verify_conversion
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu_seconds()
     report = verify_conversion(out, src, workers=int(workers) if workers else None)
     return {"seconds": time.perf_counter() - started, "ok": report.ok, "peak_rss_mb": _peak_rss_mb(),
             "inexact": sum(row.inexact for row in report.rows), "worker_peak_rss_mb": _children_peak_rss_mb(),
-            "cpu_seconds": _cpu_seconds()}
+            "cpu_seconds": _cpu_seconds(), "call_cpu_seconds": _cpu_seconds() - cpu}
 
 
 def _reimplemented_dequant(blocks: torch.Tensor, scales: torch.Tensor, *, rows_per_chunk: int) -> torch.Tensor:
@@ -332,6 +357,223 @@ def child_baseline(src: str, rows_per_chunk: int) -> dict:
                 del dense, result
     return {"seconds": time.perf_counter() - started, "values": values, "peak_rss_mb": _peak_rss_mb(),
             "label": label}
+
+
+# --------------------------------------------------------------------------- the numpy baseline (--numpy)
+
+NUMPY_KINDS = (SOURCE_BF16, SOURCE_MXFP4, SOURCE_COMPRESSED_TENSORS)
+NUMPY_EXPERTS = 16
+PROJECTIONS = ((fmt.GATE_UP, "gate_up"), (fmt.DOWN, "down"))
+
+
+def _own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def _expert_arrays(kind: str, files: Any, layer: int, short: str, expert: int) -> dict[str, Any]:
+    """One expert's source arrays for ``numpy_encoder.encode_expert`` (``files(name)``: the array)."""
+    fused = f"model.layers.{layer}.mlp.experts."
+    if kind == SOURCE_BF16:
+        return {"weight": files(f"{fused}{short}_proj")[expert]}
+    if kind == SOURCE_MXFP4:
+        return {"blocks": files(f"{fused}{short}_proj_blocks")[expert], "scales": files(f"{fused}{short}_proj_scales")[expert]}
+    prefix = f"{fused}{expert}."
+    parts = ("gate", "up") if short == "gate_up" else ("down",)
+    arrays = {}
+    for part in parts:
+        arrays[part] = files(f"{prefix}{part}_proj.weight")
+        arrays[f"{part}_scale"] = files(f"{prefix}{part}_proj.weight_scale")
+    return arrays
+
+
+def _numpy_reader(root: str) -> Any:
+    from numpy_encoder import SafetensorsFile
+
+    with open(os.path.join(root, fmt.INDEX_FILE)) as handle:
+        weight_map = json.load(handle)["weight_map"]
+    opened: dict[str, SafetensorsFile] = {}
+
+    def get(name: str) -> Any:
+        shard = weight_map[name]
+        if shard not in opened:
+            opened[shard] = SafetensorsFile(os.path.join(root, shard))
+        return opened[shard].get(name)
+
+    return get
+
+
+def child_numpy(kind: str, src: str, ours: str, target: str, check: str) -> dict:
+    """The numpy baseline: with ``check`` "1", layer 0's experts compared byte for byte with our
+    output (nothing timed); else every expert encoded, written in order to ``target`` and hashed
+    while written, fsynced (what a plain converter does), with this process's CPU seconds."""
+    import hashlib
+
+    import numpy as np
+    from numpy_encoder import encode_expert
+
+    source, output = _numpy_reader(src), _numpy_reader(ours)
+    with open(os.path.join(src, fmt.CONFIG_FILE)) as handle:
+        layers = json.load(handle)["num_hidden_layers"]
+    shapes = {proj: output(f"{fmt.layer_prefix(0)}{proj}.weight").shape for proj, _ in PROJECTIONS}
+    padded_i = shapes[fmt.GATE_UP][2] // 2
+    if check == "1":
+        compared = 0
+        for proj, short in PROJECTIONS:
+            name = f"{fmt.layer_prefix(0)}{proj}"
+            want_q, want_s = output(f"{name}.weight"), output(f"{name}.scale").view(np.float32)
+            for expert in range(shapes[proj][0]):
+                q, s = encode_expert(kind, short, _expert_arrays(kind, source, 0, short, expert), shapes[proj][1:], padded_i)
+                if not (np.array_equal(q, want_q[expert]) and np.array_equal(s.view(np.uint32), want_s[expert, 0].view(np.uint32))):
+                    raise SystemExit(f"numpy baseline differs from our output: {kind} {name}[{expert}]")
+                compared += q.size
+        return {"identical": True, "values": compared}
+    started, cpu = time.perf_counter(), _own_cpu_seconds()
+    digest, written = hashlib.sha256(), 0
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for layer in range(layers):
+            for proj, short in PROJECTIONS:
+                scales = []
+                for expert in range(shapes[proj][0]):
+                    q, s = encode_expert(kind, short, _expert_arrays(kind, source, layer, short, expert), shapes[proj][1:],
+                                         padded_i)
+                    data = memoryview(q).cast("B")
+                    digest.update(data)
+                    written += os.write(fd, data)
+                    scales.append(s)
+                data = memoryview(np.stack(scales)).cast("B")
+                digest.update(data)
+                os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return {"seconds": time.perf_counter() - started, "cpu_seconds": _own_cpu_seconds() - cpu, "fp8_bytes": written,
+            "sha256": digest.hexdigest()}
+
+
+def child_encode(kind: str, src: str, ours: str, side: str) -> dict:
+    """Encode only: layer 0's experts, loaded into memory first, encoded one at a time in one
+    thread, by our kind's encoder (``side`` "ours") or the numpy one; CPU seconds of the encoding."""
+    import numpy as np
+
+    torch.set_num_threads(1)
+    source, output = _numpy_reader(src), _numpy_reader(ours)
+    shapes = {proj: output(f"{fmt.layer_prefix(0)}{proj}.weight").shape for proj, _ in PROJECTIONS}
+    padded_i = shapes[fmt.GATE_UP][2] // 2
+    loaded = [(proj, short, _expert_arrays(kind, source, 0, short, expert))
+              for proj, short in PROJECTIONS for expert in range(shapes[proj][0])]
+    loaded = [(proj, short, {key: np.array(value) for key, value in arrays.items()}) for proj, short, arrays in loaded]
+    if side == "numpy":
+        from numpy_encoder import encode_expert
+
+        def run(proj: str, short: str, arrays: dict[str, Any]) -> None:
+            encode_expert(kind, short, arrays, shapes[proj][1:], padded_i)
+    else:
+        run = _our_encoder(kind, shapes, padded_i)
+        loaded = [(proj, short, {key: _as_torch(value) for key, value in arrays.items()}) for proj, short, arrays in loaded]
+    cpu = _own_cpu_seconds()
+    for proj, short, arrays in loaded:
+        run(proj, short, arrays)
+    cpu = _own_cpu_seconds() - cpu
+    return {"cpu_seconds": cpu, "fp8_bytes": sum(shapes[proj][1] * shapes[proj][2] for proj, _, _ in loaded)}
+
+
+def _as_torch(array: Any) -> torch.Tensor:
+    import numpy as np
+
+    if array.dtype == np.uint16:  # BF16 bits
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def _our_encoder(kind: str, shapes: dict[str, tuple[int, ...]], padded_i: int) -> Callable[..., None]:
+    """Our kind's per-expert encoder, called the way the compute lanes call it."""
+    from nxdi_gptoss_fp8.convert import mxfp4
+    from nxdi_gptoss_fp8.convert.fp8 import DenseEncoder
+    from nxdi_gptoss_fp8.convert.kinds import compressed_tensors, hf_bf16, hf_mxfp4
+    from nxdi_gptoss_fp8.convert.output import Lane
+
+    lanes: dict[str, Lane] = {}
+    for proj, _ in PROJECTIONS:
+        buffer = torch.zeros(shapes[proj][1:], dtype=torch.uint8)
+        if kind == SOURCE_BF16:
+            lanes[proj] = Lane(buffer, DenseEncoder())
+        elif kind == SOURCE_MXFP4:
+            lanes[proj] = Lane(buffer, None)
+        else:
+            lanes[proj] = Lane(buffer)
+
+    def run(proj: str, short: str, arrays: dict[str, torch.Tensor]) -> None:
+        lane = lanes[proj]
+        if kind == SOURCE_BF16:
+            hf_bf16._encode_expert(lane, arrays["weight"], proj, padded_i, "source", "expert")
+        elif kind == SOURCE_MXFP4:
+            if lane.tools is None:
+                lane.tools = mxfp4.ExpertEncoder(hf_mxfp4.ENCODE_ROWS, arrays["blocks"].shape[1])
+            hf_mxfp4._encode_expert(lane, arrays["blocks"], arrays["scales"], proj, padded_i, "expert")
+        elif proj == fmt.DOWN:
+            compressed_tensors._encode_down(lane, arrays["down"], arrays["down_scale"].view(torch.bfloat16), "expert")
+        else:
+            compressed_tensors._encode_gate_up(lane, arrays["gate"], arrays["gate_scale"].view(torch.bfloat16), arrays["up"],
+                                               arrays["up_scale"].view(torch.bfloat16), "interleaved", padded_i, "expert")
+
+    return run
+
+
+def _median(runs: list[dict], key: str) -> float:
+    values = sorted(run[key] for run in runs)
+    return values[len(values) // 2]
+
+
+def _rate(runs: list[dict]) -> float:
+    """The median FP8 GB per CPU-second of ``runs`` (of the convert() call alone when measured: the
+    interpreter's start and torch's import are not the conversion's)."""
+    return sorted(run["fp8_bytes"] / run.get("call_cpu_seconds", run["cpu_seconds"]) / 1e9
+                  for run in runs)[len(runs) // 2]
+
+
+def bench_numpy(workdir: str, layers: int, vocab: int, experts: int, repeat: int) -> None:
+    """Ours against the independent numpy encoder, per source kind, in one run (see --numpy)."""
+    print(f"versus numpy: {layers} layer(s) of gpt-oss-120b shapes with {experts} experts, {repeat} runs each, "
+          f"medians; {_load()}")
+    sources = {kind: make_sources(workdir, kind, [layers], vocab, experts)[layers] for kind in NUMPY_KINDS}
+    rows: dict[str, dict[str, list[dict]]] = {}
+    for kind in NUMPY_KINDS:
+        src, out = sources[kind], os.path.join(workdir, f"out-{kind}")
+        _warm(src)
+        _run_child(["convert", src, out])
+        checked = _run_child(["numpy", kind, src, out, os.path.join(workdir, "numpy.bin"), "1"])
+        print(f"  {kind}: numpy baseline byte-identical to our output on layer 0 ({checked['values'] / 1e9:.2f} G values "
+              "with their scales)")
+    for _ in range(repeat):
+        for kind in NUMPY_KINDS:
+            src, out, target = sources[kind], os.path.join(workdir, f"out-{kind}"), os.path.join(workdir, "numpy.bin")
+            runs = rows.setdefault(kind, {})
+            _warm(src)
+            runs.setdefault("convert", []).append(_run_child(["convert", src, out]))
+            _warm(src)
+            runs.setdefault("numpy", []).append(_run_child(["numpy", kind, src, out, target, "0"]))
+            os.remove(target)
+            _warm(src)
+            _warm(out)
+            runs.setdefault("verify", []).append(_run_child(["verify", src, out]))
+            runs.setdefault("encode ours", []).append(_run_child(["encode", kind, src, out, "ours"]))
+            runs.setdefault("encode numpy", []).append(_run_child(["encode", kind, src, out, "numpy"]))
+    print("\nGB of FP8 per CPU-second (user + system of every process of the run: the noise of other jobs mostly "
+          "cancels); convert = the whole convert() call (read, encode, write, fsync, hash, rename; 2 lanes), numpy = "
+          "read, encode, write, hash while writing, fsync (one thread); encode only = layer 0 in memory, one thread")
+    print(f"{'source':<24} | {'convert':>7} {'numpy':>7} {'ratio':>6} | {'encode':>7} {'numpy':>7} {'ratio':>6} | "
+          f"{'verify/convert CPU':>18} {'wall':>6} | convert s (wall), CPU s")
+    for kind, runs in rows.items():
+        ours, base = _rate(runs["convert"]), _rate(runs["numpy"])
+        enc, enc_base = _rate(runs["encode ours"]), _rate(runs["encode numpy"])
+        verify_cpu = _median(runs["verify"], "call_cpu_seconds") / _median(runs["convert"], "call_cpu_seconds")
+        verify_wall = _median(runs["verify"], "seconds") / _median(runs["convert"], "seconds")
+        print(f"{kind:<24} | {ours:>7.3f} {base:>7.3f} {ours / base:>5.2f}x | {enc:>7.3f} {enc_base:>7.3f} "
+              f"{enc / enc_base:>5.2f}x | {verify_cpu:>17.2f}x {verify_wall:>5.2f}x | "
+              f"{_median(runs['convert'], 'seconds'):.1f}, {_median(runs['convert'], 'call_cpu_seconds'):.1f}")
+    print(_load())
 
 
 def _machine_busy_seconds() -> float:
@@ -463,14 +705,20 @@ def main() -> int:
                              "needs ~15 GB for one 120b gate_up tensor; the chunk size does not change its speed much)")
     parser.add_argument("--workers", type=int, nargs="+", metavar="N",
                         help="measure convert(workers=N) and verify-conversion for each N instead (see above)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs of each --workers case (the best is shown)")
+    parser.add_argument("--repeat", type=int, help="runs of each --workers case (default 1; the best is shown) or "
+                                                   "--numpy case (default 3; the median is shown)")
     parser.add_argument("--tmpfs", default="/dev/shm", help="where the cpu-bound outputs go (default /dev/shm)")
+    parser.add_argument("--numpy", action="store_true",
+                        help="measure instead each source kind against the independent numpy encoder (see above)")
+    parser.add_argument("--experts", type=int, default=NUMPY_EXPERTS,
+                        help=f"experts per layer with --numpy (default {NUMPY_EXPERTS}: per-expert work is the measure)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, *rest = args.child
         children = {"convert": lambda: child_convert(*rest), "verify": lambda: child_verify(*rest),
-                    "baseline": lambda: child_baseline(rest[0], int(rest[1]))}
+                    "baseline": lambda: child_baseline(rest[0], int(rest[1])), "numpy": lambda: child_numpy(*rest),
+                    "encode": lambda: child_encode(*rest)}
         print(json.dumps(children[kind]()))
         return 0
 
@@ -480,9 +728,12 @@ def main() -> int:
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}; "
           f"gpt-oss-120b layer shapes, vocab shrunk to {args.vocab}; work dir {workdir}")
     try:
+        if args.numpy:
+            bench_numpy(workdir, max(counts), args.vocab, args.experts, args.repeat or 3)
+            return 0
         if args.workers:
             source = make_sources(workdir, SOURCE_MXFP4, [max(counts)], args.vocab)[max(counts)]
-            bench_workers(source, workdir, args.tmpfs, sorted(set(args.workers)), args.repeat)
+            bench_workers(source, workdir, args.tmpfs, sorted(set(args.workers)), args.repeat or 1)
             return 0
         sources = {kind: make_sources(workdir, kind, counts, args.vocab) for kind in KINDS}
         rows: list[tuple[str, int, dict, dict]] = []

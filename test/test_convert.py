@@ -24,9 +24,11 @@ from nxdi_gptoss_fp8.convert.source import FINGERPRINT_FIELDS, source_fingerprin
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.synthetic.sources import (
     SOURCE_BF16,
+    SOURCE_COMPRESSED_TENSORS,
     SOURCE_DIMS,
     SOURCE_MXFP4,
     load_source,
+    make_compressed_tensors_source,
     make_source,
     source_config,
     source_tensors,
@@ -595,3 +597,84 @@ def test_matches_nxdis_own_hf_conversion(mxfp4_source: Path, tmp_path: Path, pad
                 assert torch.equal(out[f"{prefix}{ours}.bias"], bias.to(torch.bfloat16)), (layer, proj)
     for hf_name, name in non_expert_names(SOURCE_DIMS).items():
         assert torch.equal(out[name], state[hf_name.removeprefix("model.")].to(torch.bfloat16)), name
+
+
+# --------------------------------------------------------------------------- byte-identical to 0.3.0
+
+IDENTITY_DIMS = fmt.ModelDims(num_hidden_layers=2, num_local_experts=4, hidden_size=256, intermediate_size=192,
+                              head_dim=16, num_attention_heads=4, num_key_value_heads=2, vocab_size=40,
+                              num_experts_per_tok=2, sliding_window=8)
+# SHA-256 of the one output shard 0.3.0 wrote for each source below (every worker count alike)
+SHARD_SHA256_0_3_0 = {
+    "bf16-tiny": "a3ed192f4edcd961bd3ad7bfa81765c74dedb42452f35be786ee4f8557b1aa9b",
+    "bf16-padded": "8804f07b16a8b7acfbf62b4928583276a678cf9241dc4de3eda1286ec2678550",
+    "bf16-edge": "56da9db216604b6660b7fa4161f6f425d5ad4b88ed5e7f564f1d81c6921520e9",
+    "mxfp4-tiny": "ac5488b4051438eda59685bbc911747fa86d68d2e4b971372f05a096e5c6fa0a",
+    "mxfp4-wide-scales": "cc1bbc1d51e7a7115f08590a7ee6aa7429cc6f7cdc458f8af2cd8746a0157560",
+    "ct-tiny": "61ab00704454e3afe0aa423c53f3b7786707b655f8fe44a41eb372d4a9a40e4b",
+    "ct-halves": "52f278e4113c99ff127dfe873fca798f66abab099e3c71f90103ef5b36c8a42b",
+}
+PADDED = {"padded_hidden_size": 288, "padded_intermediate_size": 224}
+
+
+def _bf16_edge_source(root: Path) -> Path:
+    """BF16 experts with zeros, an all-zero channel, subnormal-to-large columns and 1e30 rows."""
+    tensors = source_tensors(IDENTITY_DIMS, SOURCE_BF16, seed=3)
+    generator = torch.Generator().manual_seed(103)
+    for layer in range(IDENTITY_DIMS.num_hidden_layers):
+        for short in ("gate_up_proj", "down_proj"):
+            name = f"model.layers.{layer}.mlp.experts.{short}"
+            weight = tensors[name].float()
+            weight[0, :3] = 0
+            weight[1] *= torch.logspace(-45, 2, weight.shape[-1], base=2.0)
+            weight[2, :, 5] = 0
+            weight[2, 7, :] = torch.randn(weight.shape[-1], generator=generator) * 1e30
+            weight[3].view(-1)[::7] = 2.0**-130
+            tensors[name] = weight.to(torch.bfloat16)
+    return write_source(root, tensors, source_config(IDENTITY_DIMS, SOURCE_BF16), shards=2)
+
+
+IDENTITY_SOURCES = {
+    "bf16-tiny": (lambda root: make_source(root, SOURCE_BF16, seed=1), {}),
+    "bf16-padded": (lambda root: make_source(root, SOURCE_BF16, dims=IDENTITY_DIMS, seed=2), PADDED),
+    "bf16-edge": (_bf16_edge_source, {}),
+    "mxfp4-tiny": (lambda root: make_source(root, SOURCE_MXFP4, seed=1), {}),
+    "mxfp4-wide-scales": (lambda root: make_source(root, SOURCE_MXFP4, dims=IDENTITY_DIMS, seed=4, scale_range=(90, 160)),
+                          {}),
+    "ct-tiny": (lambda root: make_source(root, SOURCE_COMPRESSED_TENSORS, seed=1), {}),
+    "ct-halves": (lambda root: make_compressed_tensors_source(root, dims=IDENTITY_DIMS, seed=3, split="halves",
+                                                              transformers_version="5.0.0"), {"gate_up_split": "halves"}),
+}
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4], ids=["one-lane", "two-lanes", "two-processes"])
+@pytest.mark.parametrize("case", list(IDENTITY_SOURCES))
+def test_output_is_byte_identical_to_0_3_0(case: str, workers: int, tmp_path_factory: pytest.TempPathFactory) -> None:
+    if workers == 4 and case.endswith("-tiny"):
+        pytest.skip("the other sources cover the worker processes (each start costs seconds)")
+    make, options = IDENTITY_SOURCES[case]
+    src = tmp_path_factory.getbasetemp() / "identity" / case
+    if not src.exists():
+        make(src)
+    out = tmp_path_factory.mktemp("out") / case
+    convert(str(src), str(out), progress=False, workers=workers, **options)
+    shards = {name: digest for name, digest in tree_digest(out).items() if name.endswith(".safetensors")}
+    assert shards == {"model-00001-of-00001.safetensors": SHARD_SHA256_0_3_0[case]}, (
+        "the output differs from 0.3.0's (if the synthetic sources changed on purpose, recompute the digests with 0.3.0)")
+
+
+@pytest.mark.parametrize(("workers", "threads"), [(1, 2), (3, 3)])
+def test_shards_are_hashed_by_as_many_threads_as_workers(mxfp4_source: Path, tmp_path: Path, workers: int, threads: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from nxdi_gptoss_fp8 import writer
+
+    seen: list[int] = []
+    real = writer.hash_files
+
+    def counting(paths, *, workers: int, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(workers)
+        return real(paths, workers=workers, **kwargs)
+
+    monkeypatch.setattr(writer, "hash_files", counting)
+    convert(mxfp4_source, tmp_path / "out", progress=False, workers=workers)
+    assert seen == [threads]

@@ -219,3 +219,44 @@ def test_an_unreadable_file_of_out_is_an_io_error_naming_it(sources: dict[str, P
     assert code == 2, captured.err
     assert captured.err == f"nxdi-gptoss-fp8 verify-conversion: cannot access {target}: Permission denied\n"
     assert json.loads(captured.out)["error"]["kind"] == "io" and "violations" not in captured.out
+# --------------------------------------------------------------------------- the float32 screen
+
+
+def _requantized_expert(case: str) -> tuple[object, torch.Tensor, torch.Tensor]:
+    """(source rows, stored FP8 [in', out'], scales [out']) of one BF16 expert converted by the
+    converter, then tampered with per ``case``."""
+    from nxdi_gptoss_fp8.convert.fp8 import DenseEncoder
+    from nxdi_gptoss_fp8.convert.kinds.base import ExpertRows
+    from nxdi_gptoss_fp8.convert.kinds.hf_bf16 import _encode_expert
+
+    h, i = 64, 48
+    weight = 0.02 * torch.randn((h, 2 * i), generator=torch.Generator().manual_seed(5))
+    if case == "zeros-and-wide":
+        weight[weight.abs() < 0.005] = 0.0
+        weight *= torch.logspace(-40, 20, 2 * i, base=2.0)
+    if case == "tiny-scales":  # scales below 2^-100: the float64 judge alone
+        weight *= 2.0**-110
+    weight = weight.to(torch.bfloat16)
+    if case == "representable":  # every source value exactly an E4M3 value × its scale
+        weight = (torch.randint(-0x77, 0x78, (h, 2 * i), generator=torch.Generator().manual_seed(6)).to(torch.uint8)
+                  .view(torch.float8_e4m3fn).float().nan_to_num() * 2.0**-8).to(torch.bfloat16)
+    lane = output.Lane(torch.zeros((h, 2 * i + 32), dtype=torch.uint8), DenseEncoder())
+    _, scale = _encode_expert(lane, weight, fmt.GATE_UP, i + 16, "source", "expert")
+    stored = lane.buffer
+    if case in ("one-step-off", "representable"):
+        stored[3, 5] += 1  # one E4M3 step off: a violation where y was representable, inexact-but-bounded or not
+        stored[7, 40] ^= 0x80  # the sign flipped: far out of bound
+    rows = weight.t()
+    return ExpertRows(rows, tuple(rows.shape), torch.float32), stored, scale
+
+
+@pytest.mark.parametrize("case", ["clean", "zeros-and-wide", "representable", "one-step-off", "tiny-scales"])
+def test_the_float32_screen_gives_the_float64_verdicts(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nxdi_gptoss_fp8 import verify
+
+    want, stored, scale = _requantized_expert(case)
+    screened = verify.compare_expert(want, stored, scale, fmt.GATE_UP, 64, "expert")
+    monkeypatch.setattr(verify._Screen, "__call__", verify._no_screen)  # the float64 judge alone
+    judged = verify.compare_expert(want, stored, scale, fmt.GATE_UP, 64, "expert")
+    assert screened == judged
+    assert (judged.violations > 0) == (case in ("one-step-off", "representable"))

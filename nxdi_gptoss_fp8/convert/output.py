@@ -326,17 +326,19 @@ EncodeResult = tuple[Exactness, torch.Tensor]
 
 def stream_experts(reader: SourceReader, out: Output, workspace: Workspace, name: str, lanes: list[Lane],
                    load: Callable[[int], tuple[Any, ...]], encode: Callable[..., EncodeResult], *,
-                   release_every: int) -> Exactness:
+                   release_every: int, total: Exactness | None = None) -> Exactness:
     """Every expert of output ``name`` (``…weight`` and ``…scale``), ``len(lanes)`` at a time.
 
     ``load(expert)`` runs here and reads the expert's source tensors; ``encode(lane, *loaded)``
     runs on a compute thread, fills ``lane.buffer`` and returns (exactness, float32 scale row
     [out']); each buffer is written in the background as soon as it is full. The source files
     are released every ``release_every`` experts (in-flight tensors keep their own pages).
+    The experts' exactness is added, in expert order, to ``total`` (a fresh ``Exactness`` when
+    None: a kind with more statistics passes its own subclass) and returned.
     """
     experts = out.shape(f"{name}.weight")[0]
     scales_out = torch.empty((experts, 1, out.shape(f"{name}.scale")[2]), dtype=torch.float32)
-    exactness = Exactness()
+    exactness = Exactness() if total is None else total
     in_flight: list[tuple[int, Lane, Future[EncodeResult]]] = []
 
     def finish_oldest() -> None:

@@ -299,6 +299,9 @@ def convert(
         raise ConversionError(str(exc)) from None
     if plan.note:
         logger.warning("convert: %s", plan.note)
+    # the shards are hashed at commit in parallel threads, one per shard: as many as the workers
+    # (at least the writer's two), so a many-core host does not wait on two threads at the end
+    writer.hash_workers = max(writer.hash_workers, plan.workers)
     by_layer: dict[int, list[tuple[str, str]]] = {}
     globals_: list[tuple[str, str]] = []
     for hf_name, name in non_expert_names(dims).items():

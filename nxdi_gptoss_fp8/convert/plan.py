@@ -24,6 +24,7 @@ from ..errors import ConversionError
 from ..output_target import free_bytes, space_needed
 from ..units import format_bytes, plural
 from ..writer import CheckpointWriter
+from .fp8 import BLOCK_VALUES
 from .output import CHUNK_BYTES, Workspace
 
 __all__ = [
@@ -166,9 +167,9 @@ def peak_memory(kind: str, layout: fmt.Layout) -> int:
         groups = (h + i) // 32
         tools = lanes * 9 * 1024 * 16 * groups  # mxfp4.ExpertEncoder's buffers, per lane and block count
         in_flight = (lanes + 1) * (2 * i * h + h * i) // 2  # packed FP4 bytes of the experts being encoded
-    elif kind == "hf-bf16":  # one expert at a time, in float32: weight, padded copy, q, error, masks
-        buffers, tools = 0, 0
-        in_flight = 6 * 4 * hp * 2 * ip
+    elif kind == "hf-bf16":  # fp8.DenseEncoder's row-block buffers per lane, the BF16 experts being encoded
+        tools = lanes * 18 * BLOCK_VALUES
+        in_flight = (lanes + 1) * 2 * (2 * i * h + h * i)
     else:  # compressed-tensors: each expert's FP8 weights read whole, plus a halving block per lane
         tools = lanes * 2 * (1 << 18)
         in_flight = (lanes + 1) * 3 * h * i

@@ -41,7 +41,7 @@ from ..units import format_bytes, plural
 from ..writer import CheckpointWriter, PlannedTensor, planned_bytes, pwrite_all
 
 __all__ = [
-    "COPY_BYTES", "DENSE_BYTES_PER_VALUE", "LANES_BEFORE_PROCESSES", "LANE_EXPERT_COPIES", "MAX_LANES",
+    "BF16_EXPERT_COPIES", "COPY_BYTES", "LANES_BEFORE_PROCESSES", "LANE_EXPERT_COPIES", "MAX_LANES",
     "MAX_WORKERS", "MIN_PARALLEL_BYTES", "POLL_SECONDS", "PROCESS_BYTES", "ConversionWorkers", "ConvertJob",
     "LayerOutcome", "LayerPool", "ShardFiles", "SharedProgress", "T", "WorkerPlan", "available_memory",
     "check_workers", "host_cpus", "lane_buffers", "peak_rss", "plan_workers", "process_bytes",
@@ -60,7 +60,7 @@ LANES_BEFORE_PROCESSES = 2
 PROCESS_BYTES = 320 << 20
 COPY_BYTES = 64 << 20
 LANE_EXPERT_COPIES = 3  # output buffers of both shapes plus the source expert in flight, per lane
-DENSE_BYTES_PER_VALUE = 28  # BF16 sources: one expert in float32 with its error and mask (no lanes)
+BF16_EXPERT_COPIES = 4  # BF16 sources: as above, the source expert in flight at 2 bytes a value
 POLL_SECONDS = 0.2
 # By default, models smaller than this are converted in one process: a worker's start (an
 # interpreter importing torch, ≈ 1.4 s here) costs more than the whole conversion.
@@ -183,8 +183,8 @@ def process_bytes(layout: fmt.Layout, kind: str, lanes: int) -> int:
     ``kind`` source with ``lanes`` compute lanes (the largest expert dominates)."""
     hp, ip = layout.padded_hidden_size, layout.padded_intermediate_size
     expert = hp * 2 * ip  # gate_up [H', 2I'] FP8 values, the largest expert tensor
-    # BF16 sources are encoded in the calling thread, one expert at a time, in float32
-    work = DENSE_BYTES_PER_VALUE * expert if kind == "hf-bf16" else lane_buffers(lanes) * LANE_EXPERT_COPIES * expert
+    copies = BF16_EXPERT_COPIES if kind == "hf-bf16" else LANE_EXPERT_COPIES
+    work = lane_buffers(lanes) * copies * expert
     return PROCESS_BYTES + COPY_BYTES + work
 
 

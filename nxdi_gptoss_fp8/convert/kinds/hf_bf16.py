@@ -16,14 +16,27 @@ import torch
 from ... import format as fmt
 from ...errors import ConversionError
 from ...safeio.safetensors_header import TensorInfo
-from ..fp8 import quantize_expertwise
-from ..output import ExpertStats, Output, Workspace, hf_biases, put_biases, require_finite, require_normal_scales
+from ..fp8 import DenseEncoder, channel_scales, column_amax
+from ..layout import chunk_interleaved, pad_to
+from ..mxfp4 import Exactness
+from ..output import (
+    CHUNK_BYTES,
+    ExpertStats,
+    Lane,
+    Output,
+    Workspace,
+    hf_biases,
+    put_biases,
+    require_finite,
+    stream_experts,
+)
 from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name, non_expert_specs
 from .base import ExpertRows
 
 __all__ = ["NAME", "HfBf16"]
 
 NAME = "hf-bf16"
+_TILE = 64
 
 
 class HfBf16:
@@ -64,52 +77,95 @@ class HfBf16:
     def convert_experts(self, reader: SourceReader, layer: int, out: Output, layout: fmt.Layout,
                         workspace: Workspace) -> list[ExpertStats]:
         put_biases(out, layer, *hf_biases(reader, layer), layout)
-        return [_projection(reader, layer, proj, out) for proj in (fmt.GATE_UP, fmt.DOWN)]
+        return [_projection(reader, layer, proj, out, layout, workspace) for proj in (fmt.GATE_UP, fmt.DOWN)]
 
     def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> ExpertRows:
         short = "gate_up_proj" if proj == fmt.GATE_UP else "down_proj"
         rows = reader.slice(expert_source_name(layer, short))[expert].t()  # [2I, H] or [H, I], as stored
-        return ExpertRows(rows, tuple(rows.shape), torch.float32)
+        return _DenseRows(rows, tuple(rows.shape), torch.float32)
 
     def reference_biases(self, reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return hf_biases(reader, layer)
 
 
-def _projection(reader: SourceReader, layer: int, proj: str, out: Output) -> ExpertStats:
-    """All experts of one dense projection, one expert at a time, amax/240 scales."""
+class _DenseRows(ExpertRows):
+    """Source rows [out, in] of an expert stored input-dim first: each block of rows is a
+    transposed view, brought into float32 in tiles of ``_TILE`` columns (a strided copy in one
+    piece misses the cache on every element and costs about three times as much)."""
+
+    def decode(self, raw_rows: torch.Tensor, index: slice | torch.Tensor) -> torch.Tensor:
+        if raw_rows.dim() != 2 or raw_rows.stride(-1) == 1:
+            return raw_rows.to(self.dtype)
+        values = torch.empty(raw_rows.shape, dtype=self.dtype)
+        for start in range(0, raw_rows.shape[1], _TILE):
+            values[:, start:start + _TILE].copy_(raw_rows[:, start:start + _TILE])
+        return values
+
+
+class _Requantized(Exactness):
+    """``Exactness`` with what the mean relative error needs, summed over a projection's experts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nonzero, self.rel_sum = 0, 0.0
+
+    def add(self, other: Exactness) -> None:
+        super().add(other)
+        if isinstance(other, _Requantized):
+            self.nonzero += other.nonzero
+            self.rel_sum += other.rel_sum
+
+
+def _encode_expert(lane: Lane, weight: torch.Tensor, proj: str, padded_i: int, path: str,
+                   where: str) -> tuple[Exactness, torch.Tensor]:
+    """Quantize one dense expert (gate_up [H, 2I], interleaved columns; down [I, H]) into
+    ``lane.buffer`` [in', out'] with amax/240 channel scales; returns its exactness and scale row."""
+    amax, finite = column_amax(weight)
+    if not finite:
+        require_finite(weight, path, where)
+    scale = channel_scales(amax)
+    encoder: DenseEncoder = lane.tools
+    if proj == fmt.GATE_UP:
+        half = weight.shape[1] // 2
+        gate, up = lane.buffer[:, :half], lane.buffer[:, padded_i:padded_i + half]
+
+        def place(block: torch.Tensor, first: int) -> None:
+            pairs = block.view(block.shape[0], half, 2)
+            gate[first:first + block.shape[0]].copy_(pairs[..., 0])
+            up[first:first + block.shape[0]].copy_(pairs[..., 1])
+    else:
+        columns = lane.buffer[:, : weight.shape[1]]
+
+        def place(block: torch.Tensor, first: int) -> None:
+            columns[first:first + block.shape[0]].copy_(block)
+
+    error = encoder.encode(weight, scale, place)
+    result = _Requantized()
+    result.values, result.inexact, result.flushed_to_zero = error.values, error.inexact, error.flushed_to_zero
+    result.max_rel_error, result.nonzero, result.rel_sum = error.max_rel_error, error.nonzero, error.rel_sum
+    if proj == fmt.GATE_UP:
+        return result, chunk_interleaved(scale, padded_i, 1.0)
+    return result, pad_to(scale, (lane.buffer.shape[1],), 1.0)
+
+
+def _projection(reader: SourceReader, layer: int, proj: str, out: Output, layout: fmt.Layout,
+                workspace: Workspace) -> ExpertStats:
+    """All experts of one dense projection, ``Workspace.LANES`` at a time, amax/240 scales."""
     short = "gate_up_proj" if proj == fmt.GATE_UP else "down_proj"
     name = f"{fmt.layer_prefix(layer)}{proj}"
-    experts, rows_out, cols_out = out.shape(f"{name}.weight")
-    scales_out = torch.empty((experts, 1, cols_out), dtype=torch.float32)
-    stats = ExpertStats(f"{name}.weight")
-    rel_sum, nonzero = 0.0, 0
+    _, rows_out, cols_out = out.shape(f"{name}.weight")
     source_name = expert_source_name(layer, short)
-    path = reader.source.tensors[source_name][0]
-    for expert in range(experts):
-        weight = reader.slice(source_name)[expert].float()  # gate_up [H, 2I]; down [I, H]
-        reader.release()
-        require_finite(weight, path, f"{source_name}[{expert}]")
-        dense = torch.zeros((rows_out, cols_out), dtype=torch.float32)
-        if proj == fmt.GATE_UP:
-            h, two_i = weight.shape
-            dense.view(rows_out, 2, cols_out // 2)[:h, :, : two_i // 2] = weight.view(h, two_i // 2, 2).permute(0, 2, 1)
-        else:
-            dense[: weight.shape[0], : weight.shape[1]] = weight
-        q, scale = quantize_expertwise(dense.unsqueeze(0))
-        scales_out[expert] = scale[0]
-        error = (q.float() * scale - dense).abs()[0]
-        mask = dense != 0
-        kept = mask & (q[0].float() != 0)  # a value flushed to zero is counted apart, not as error 1
-        rel = error[kept] / dense.abs()[kept]
-        stats.values += weight.numel()
-        stats.inexact += int((error != 0).sum())
-        stats.flushed_to_zero += int((mask & (q[0].float() == 0)).sum())
-        if rel.numel():
-            stats.max_rel_error = max(stats.max_rel_error, float(rel.max()))
-            rel_sum += float(rel.double().sum())
-            nonzero += rel.numel()
-        out.put(f"{name}.weight", q[0], offset=expert * rows_out * cols_out)
-    require_normal_scales(scales_out, f"{name}.scale")
-    out.put(f"{name}.scale", scales_out)
-    stats.mean_rel_error = rel_sum / nonzero if nonzero else 0.0
+    path, info = reader.source.tensors[source_name]
+    lanes = workspace.lanes((rows_out, cols_out), "bf16", DenseEncoder)
+
+    def load(expert: int) -> tuple[Any, ...]:
+        return (reader.slice(source_name)[expert], proj, layout.padded_intermediate_size, path,
+                f"{source_name}[{expert}]")
+
+    per_expert = info.shape[1] * info.shape[2] * (fmt.DTYPE_BITS[info.dtype] // 8)
+    total = _Requantized()
+    stream_experts(reader, out, workspace, name, lanes, load, _encode_expert,
+                   release_every=max(1, CHUNK_BYTES // per_expert), total=total)
+    stats = ExpertStats.from_exactness(f"{name}.weight", total)
+    stats.mean_rel_error = total.rel_sum / total.nonzero if total.nonzero else 0.0
     return stats
