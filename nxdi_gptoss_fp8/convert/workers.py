@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 import multiprocessing
 import os
 import resource
@@ -37,14 +36,15 @@ from typing import Any, TypeVar
 
 from .. import format as fmt
 from ..errors import ConversionError
+from ..host import available_memory, host_cpus
 from ..units import format_bytes, plural
 from ..writer import CheckpointWriter, PlannedTensor, planned_bytes, pwrite_all
 
 __all__ = [
     "BF16_EXPERT_COPIES", "COPY_BYTES", "LANES_BEFORE_PROCESSES", "LANE_EXPERT_COPIES", "MAX_LANES",
     "MAX_WORKERS", "MIN_PARALLEL_BYTES", "POLL_SECONDS", "PROCESS_BYTES", "ConversionWorkers", "ConvertJob",
-    "LayerOutcome", "LayerPool", "ShardFiles", "SharedProgress", "T", "WorkerPlan", "available_memory",
-    "check_workers", "host_cpus", "lane_buffers", "peak_rss", "plan_workers", "process_bytes",
+    "LayerOutcome", "LayerPool", "ShardFiles", "SharedProgress", "T", "WorkerPlan",
+    "check_workers", "lane_buffers", "peak_rss", "plan_workers", "process_bytes",
     "refuse_in_worker_start", "sigint_blocked",
 ]
 
@@ -66,13 +66,10 @@ POLL_SECONDS = 0.2
 # interpreter importing torch, ≈ 1.4 s here) costs more than the whole conversion.
 MIN_PARALLEL_BYTES = 1 << 30
 
-_PROC = "/proc"
-_CGROUP = "/sys/fs/cgroup"
-_UNLIMITED = 1 << 60
 T = TypeVar("T")
 
 
-# --------------------------------------------------------------------------- what the host offers
+# --------------------------------------------------------------------------- the worker count
 
 
 def check_workers(value: object) -> int:
@@ -80,92 +77,6 @@ def check_workers(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
         raise ValueError(f"workers must be an integer from 1 to {MAX_WORKERS}, not {value!r}")
     return value
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _cgroup_dirs(controller: str) -> list[str]:
-    """Where this process's cgroup files for ``controller`` may be: the v2 unified hierarchy
-    (at its own path, then the namespace root) and the v1 controller's directory."""
-    dirs = []
-    for line in (_read(os.path.join(_PROC, "self", "cgroup")) or "").splitlines():
-        number, controllers, path = [*line.split(":", 2), "", ""][:3]
-        if number == "0" and controllers == "":
-            dirs.append(os.path.join(_CGROUP, path.lstrip("/")))
-        elif controller in controllers.split(","):
-            dirs += [os.path.join(_CGROUP, controllers, path.lstrip("/")), os.path.join(_CGROUP, controller)]
-    return [*dirs, _CGROUP, os.path.join(_CGROUP, controller)]
-
-
-def _cgroup_cpu_quota() -> int | None:
-    """The CPUs the cgroup's CPU quota allows (rounded up), or None when there is none."""
-    for directory in _cgroup_dirs("cpu"):
-        text = _read(os.path.join(directory, "cpu.max"))
-        if text is not None:
-            quota, _, period = text.strip().partition(" ")
-        else:
-            quota = (_read(os.path.join(directory, "cpu.cfs_quota_us")) or "").strip()
-            period = (_read(os.path.join(directory, "cpu.cfs_period_us")) or "").strip()
-            if not quota:
-                continue
-        if quota in ("max", "-1") or not quota.lstrip("-").isdigit() or not period.isdigit() or int(period) <= 0:
-            return None
-        return max(1, math.ceil(int(quota) / int(period)))
-    return None
-
-
-def host_cpus() -> tuple[int, str]:
-    """(CPUs this process may use, how that was found): its CPU affinity, bounded by a cgroup
-    CPU quota."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    quota = _cgroup_cpu_quota()
-    if quota is not None and quota < cpus:
-        return quota, f"the cgroup CPU quota allows {quota} of {cpus} CPUs"
-    return cpus, f"{cpus} CPUs offered"
-
-
-def _meminfo_available() -> int | None:
-    for line in (_read(os.path.join(_PROC, "meminfo")) or "").splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return None
-
-
-def _cgroup_headroom() -> int | None:
-    """Bytes the memory cgroup still allows (limit − usage, reclaimable file pages counted
-    free), or None without a limit."""
-    for directory in _cgroup_dirs("memory"):
-        for limit_file, usage_file, inactive_key in (("memory.max", "memory.current", "inactive_file"),
-                                                     ("memory.limit_in_bytes", "memory.usage_in_bytes",
-                                                      "total_inactive_file")):
-            limit, usage = _read(os.path.join(directory, limit_file)), _read(os.path.join(directory, usage_file))
-            if limit is None or usage is None:
-                continue
-            limit, usage = limit.strip(), usage.strip()
-            if not limit.isdigit() or int(limit) >= _UNLIMITED or not usage.isdigit():
-                return None
-            inactive = 0
-            for line in (_read(os.path.join(directory, "memory.stat")) or "").splitlines():
-                key, _, value = line.partition(" ")
-                if key == inactive_key and value.strip().isdigit():
-                    inactive = int(value)
-            return max(0, int(limit) - max(0, int(usage) - inactive))
-    return None
-
-
-def available_memory() -> tuple[int | None, str]:
-    """(bytes this run may still use, where the figure comes from): /proc/meminfo's
-    MemAvailable, or the memory cgroup's headroom when that is smaller; None if neither is known."""
-    system, cgroup = _meminfo_available(), _cgroup_headroom()
-    if cgroup is not None and (system is None or cgroup < system):
-        return cgroup, "under the memory cgroup's limit"
-    return system, "MemAvailable"
 
 
 # --------------------------------------------------------------------------- the plan
