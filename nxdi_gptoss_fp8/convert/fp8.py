@@ -67,9 +67,10 @@ def quantize_expertwise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 @dataclass
 class RequantError:
-    """Exactness of values quantized afresh: how many (and how many non-zero), how many the
-    round trip changed or flushed to zero, the worst and the sum of the relative errors
-    ``|float(q) × scale − w| / |w|`` over the non-zero values."""
+    """Exactness of values quantized afresh: how many (and how many kept non-zero), how many
+    the round trip changed or flushed to zero, the worst and the sum of the relative errors
+    ``|float(q) × scale − w| / |w|`` over the values kept non-zero (a value flushed to zero is
+    counted apart: its error is 1 by definition)."""
 
     values: int = 0
     nonzero: int = 0
