@@ -295,15 +295,17 @@ def main() -> int:
             PER_LAYER,
             REALISTIC_SCALE_RANGE,
             SOURCE_MXFP4,
-            make_source,
+            source_config,
+            source_tensors,
             write_legacy_fp8,
+            write_source,
         )
 
         if not os.path.isdir(paths["legacy"]):
             write_legacy_fp8(paths["legacy"], paths["normalized"], shards=PER_LAYER)
-        if not os.path.isdir(paths["hf"]):
-            make_source(paths["hf"], SOURCE_MXFP4, dims=dims, scale_range=REALISTIC_SCALE_RANGE, shards=PER_LAYER,
-                        original=False)
+        if not os.path.isdir(paths["hf"]):  # full 20b shapes: past make_source's tiny-size cap, so its parts
+            write_source(paths["hf"], source_tensors(dims, SOURCE_MXFP4, scale_range=REALISTIC_SCALE_RANGE),
+                         source_config(dims, SOURCE_MXFP4), shards=PER_LAYER, original=False)
     print(f"model: gpt-oss-20b shapes (H=I={dims.hidden_size}, E={dims.num_local_experts}, V={dims.vocab_size}), "
           f"{args.layers} layers; checkpoints in {args.workdir} (built/reused in {time.perf_counter() - started:.0f} s)")
 
