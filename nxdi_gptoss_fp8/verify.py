@@ -198,6 +198,22 @@ def _judge(want: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor
     return exact, bad, error
 
 
+def _nonzero(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mask.nonzero(as_tuple=True)`` for a contiguous 2-D bool ``mask``, in the same order;
+    three times as fast when few are set: the mask read as 64-bit words first, then only the
+    bytes of the words that hold any (``nonzero`` of a whole block costs more than the
+    comparisons that made it)."""
+    cols = mask.shape[1]
+    if mask.numel() % 8 or mask.storage_offset() % 8 or not mask.is_contiguous():
+        return mask.nonzero(as_tuple=True)
+    hit = mask.view(-1).view(torch.int64).nonzero().view(-1)
+    if hit.numel() * 8 > mask.numel() // 8:  # dense: the plain pass is cheaper
+        return mask.nonzero(as_tuple=True)
+    within = mask.view(-1, 8)[hit].nonzero()
+    flat = hit[within[:, 0]] * 8 + within[:, 1]
+    return flat // cols, flat % cols
+
+
 def _no_screen(*_: object) -> None:
     """Sources whose values float32 cannot hold go through ``_judge`` alone."""
     return None
@@ -254,12 +270,13 @@ class _Screen:
             # those cannot beat ``floor``, the largest already found)
             slack = 2.0**-21 * (1 + 4 * top)
             if top + slack >= floor:
-                rows, columns = (rel >= top - slack).nonzero(as_tuple=True)
+                rows, columns = _nonzero(torch.ge(rel, top - slack, out=other))
                 wanted = want[rows, columns].double()
                 exact_error = (fp8_values(q[rows, columns].contiguous()).double() * scale[rows].double()
                                - wanted).abs()
                 rel_max = float((exact_error / wanted.abs()).max())
-        where_rows, where_cols = other.nonzero(as_tuple=True)
+        torch.logical_not(proven, out=other)
+        where_rows, where_cols = _nonzero(other)
         return count, rel_max, where_rows, where_cols
 
 
@@ -312,7 +329,7 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
         fast = _products_exact(scales) & (want.dtype == torch.float32)
         # exponent field all ones (beyond ±240, or NaN) ⟺ the byte | 0x87 is 0xFF (integer ops: a
         # comparison to bool costs about ten times as much)
-        in_range = int((back | 0x87).amax()) != 0xFF if back.numel() else True
+        in_range = int((back.t() | 0x87).amax()) != 0xFF if back.numel() else True  # read as stored: rows
         try_equal = True  # one pass that stops early; dropped after a chunk with mismatches
         for start in range(0, rows, step):
             stop = min(rows, start + step)

@@ -18,7 +18,7 @@ from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.safeio.safetensors_header import read_header
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
-from nxdi_gptoss_fp8.verify import verify_conversion
+from nxdi_gptoss_fp8.verify import _nonzero, verify_conversion
 
 conversion_place_gate_up = conversion.place_gate_up
 
@@ -260,3 +260,14 @@ def test_the_float32_screen_gives_the_float64_verdicts(case: str, monkeypatch: p
     judged = verify.compare_expert(want, stored, scale, fmt.GATE_UP, 64, "expert")
     assert screened == judged
     assert (judged.violations > 0) == (case in ("one-step-off", "representable"))
+
+
+@pytest.mark.parametrize(("rows", "cols", "density", "offset"), [
+    (128, 2880, 0.004, 0), (128, 2880, 0.3, 0), (64, 2880, 0.0, 0), (64, 2880, 1.0, 0),
+    (7, 9, 0.2, 0), (16, 24, 0.05, 3), (33, 40, 0.01, 8)])
+def test_nonzero_lists_what_torch_lists_in_its_order(rows: int, cols: int, density: float, offset: int) -> None:
+    generator = torch.Generator().manual_seed(rows * cols + offset)
+    whole = torch.rand(rows * cols + offset, generator=generator) < density
+    mask = whole[offset:].view(rows, cols)
+    got, want = _nonzero(mask), mask.nonzero(as_tuple=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -382,14 +382,19 @@ def copy_padded(reader: SourceReader, src_name: str, out: Output, name: str) -> 
     step = max(1, CHUNK_BYTES // (cols * 2))
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        part = torch.zeros((stop - start, cols), dtype=torch.bfloat16)
         if start < source_shape[0]:
             chunk = reader.slice(src_name)[start:min(stop, source_shape[0])]
             require_finite(chunk, path, src_name, start)
-            part[: chunk.shape[0], : chunk.shape[1]] = chunk
+            if chunk.dtype == torch.bfloat16 and tuple(chunk.shape) == (stop - start, cols) and chunk.is_contiguous():
+                out.put(name, chunk, offset=start * cols * 2)  # already what we write: no copy
+            else:
+                part = torch.zeros((stop - start, cols), dtype=torch.bfloat16)
+                part[: chunk.shape[0], : chunk.shape[1]] = chunk
+                out.put(name, part, offset=start * cols * 2)
             del chunk
             reader.release()
-        out.put(name, part, offset=start * cols * 2)
+        else:
+            out.put(name, torch.zeros((stop - start, cols), dtype=torch.bfloat16), offset=start * cols * 2)
 
 
 def put_biases(out: Output, layer: int, gate_up: torch.Tensor, down: torch.Tensor, layout: fmt.Layout) -> None:
