@@ -239,10 +239,11 @@ class _Screen:
         self.index = torch.empty(rows * cols // 2 + 1, dtype=torch.int32)
 
     def __call__(self, q: torch.Tensor, scale: torch.Tensor, want: torch.Tensor, floor: float = 0.0
-                 ) -> tuple[int, float, torch.Tensor, torch.Tensor] | None:
-        """(how many values are proven, their worst relative error exactly as ``_judge`` computes
-        it — or 0.0 when it cannot exceed ``floor`` — the rows and columns of every other value,
-        for ``_judge``); None when a scale is out of range."""
+                 ) -> tuple[int, float, int, torch.Tensor, torch.Tensor] | None:
+        """(how many values are proven, the worst relative error of those stored non-zero exactly
+        as ``_judge`` computes it — or 0.0 when it cannot exceed ``floor`` —, how many of them are
+        stored as 0 (flushed: counted apart, as ``_judge`` does), the rows and columns of every
+        other value, for ``_judge``); None when a scale is out of range."""
         magnitude = scale.abs()
         if not bool(((magnitude >= 2.0**-100) & (magnitude <= 2.0**100)).all()):
             return None
@@ -261,15 +262,20 @@ class _Screen:
         proven.bitwise_and_(torch.ne(mantissa, 0, out=other))
         count = int(proven.sum())
         torch.logical_not(proven, out=other)
-        rel_max = 0.0
+        rel_max, flushed = 0.0, 0
         if count:
             rel = error.div_(size).masked_fill_(other, 0.0)  # float32 relative errors of the proven values
             top = float(rel.amax())
+            if top >= 1.0:  # a value stored as 0 has relative error exactly 1: flushed, left out of the maximum
+                stored_zero = torch.eq(q & 0x7F, 0, out=other).logical_and_(proven)
+                flushed = int(stored_zero.sum())
+                rel.masked_fill_(stored_zero, 0.0)
+                top = float(rel.amax())
             # float32 rounding moves a relative error r by at most 2^-24·(1 + 3r): the float64
             # maximum is among the values within ``slack`` of the float32 one (skipped when even
             # those cannot beat ``floor``, the largest already found)
             slack = 2.0**-21 * (1 + 4 * top)
-            if top + slack >= floor:
+            if top > 0.0 and top + slack >= floor:
                 rows, columns = _nonzero(torch.ge(rel, top - slack, out=other))
                 wanted = want[rows, columns].double()
                 exact_error = (fp8_values(q[rows, columns].contiguous()).double() * scale[rows].double()
@@ -277,7 +283,7 @@ class _Screen:
                 rel_max = float((exact_error / wanted.abs()).max())
         torch.logical_not(proven, out=other)
         where_rows, where_cols = _nonzero(other)
-        return count, rel_max, where_rows, where_cols
+        return count, rel_max, flushed, where_rows, where_cols
 
 
 def _byte_mismatches(q: torch.Tensor, scale: torch.Tensor, source_q: torch.Tensor, source_scale: torch.Tensor
@@ -373,8 +379,9 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
                 wanted_values = wanted[where_rows, where_cols]
                 exact, bad, error = _judge(wanted_values, values, s[where_rows])
             elif in_range and (screened := screen(q, s, wanted, result.max_rel_error)) is not None:
-                inexact, rel_max, where_rows, where_cols = screened
+                inexact, rel_max, flushed_proven, where_rows, where_cols = screened
                 result.inexact += inexact
+                result.flushed += flushed_proven
                 result.max_rel_error = max(result.max_rel_error, rel_max)
                 if not where_rows.numel():
                     continue

@@ -236,6 +236,9 @@ def _requantized_expert(case: str) -> tuple[object, torch.Tensor, torch.Tensor]:
         weight *= torch.logspace(-40, 20, 2 * i, base=2.0)
     if case == "tiny-scales":  # scales below 2^-100: the float64 judge alone
         weight *= 2.0**-110
+    if case == "flushed":  # rows far below their column's largest value: stored as 0, counted apart
+        weight[0] = 1.0
+        weight[1:4] *= 1e-4
     weight = weight.to(torch.bfloat16)
     if case == "representable":  # every source value exactly an E4M3 value × its scale
         weight = (torch.randint(-0x77, 0x78, (h, 2 * i), generator=torch.Generator().manual_seed(6)).to(torch.uint8)
@@ -250,7 +253,7 @@ def _requantized_expert(case: str) -> tuple[object, torch.Tensor, torch.Tensor]:
     return ExpertRows(rows, tuple(rows.shape), torch.float32), stored, scale
 
 
-@pytest.mark.parametrize("case", ["clean", "zeros-and-wide", "representable", "one-step-off", "tiny-scales"])
+@pytest.mark.parametrize("case", ["clean", "zeros-and-wide", "representable", "one-step-off", "tiny-scales", "flushed"])
 def test_the_float32_screen_gives_the_float64_verdicts(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from nxdi_gptoss_fp8 import verify
 
@@ -260,6 +263,8 @@ def test_the_float32_screen_gives_the_float64_verdicts(case: str, monkeypatch: p
     judged = verify.compare_expert(want, stored, scale, fmt.GATE_UP, 64, "expert")
     assert screened == judged
     assert (judged.violations > 0) == (case in ("one-step-off", "representable"))
+    if case == "flushed":  # never shown as relative error 1, in either path
+        assert judged.flushed > 0 and judged.max_rel_error < 1.0
 
 
 @pytest.mark.parametrize(("rows", "cols", "density", "offset"), [
