@@ -29,7 +29,7 @@ class BuildWithFormatDocument(build_py):
 
 setup(
     name="nxdi-gptoss-fp8",
-    version="0.3.0",
+    version="0.4.0",
     description="Fail-closed validation, zero-copy loading and conversion of normalized static-FP8 "
     "GPT-OSS checkpoints for AWS NeuronX Distributed Inference",
     long_description=open("README.md", encoding="utf-8").read(),
