@@ -645,3 +645,17 @@ def test_preflight_never_writes(tiny_checkpoint: Path, monkeypatch: pytest.Monke
     monkeypatch.undo()
     assert writes == []
     assert {path: path.stat().st_mtime_ns for path in tiny_checkpoint.rglob("*")} == before
+
+
+@pytest.mark.parametrize(("folder", "fix"), [
+    ("original", "move it out"),
+    ("neuron-compiled-artifacts", "export NEURON_COMPILED_ARTIFACTS=DIR"),  # where vllm-neuron compiles when it is unset
+])
+def test_a_nested_weight_set_is_a_warning_with_its_own_fix(tiny_checkpoint: Path, folder: str, fix: str) -> None:
+    nested = tiny_checkpoint / folder / "0123abcd" if folder != "original" else tiny_checkpoint / folder
+    nested.mkdir(parents=True)
+    (nested / "model.safetensors").write_bytes(b"\x00" * 16)
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    (finding,) = [f for f in report.findings if f.code == "filesystem.nested_weight_files"]
+    assert report.ok and finding.severity == Severity.WARNING and finding.file == folder
+    assert fix in finding.message and (folder == "original") == ("NEURON_COMPILED_ARTIFACTS" not in finding.message)

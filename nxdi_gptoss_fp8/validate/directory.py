@@ -17,7 +17,7 @@ from ..safeio.json_file import JsonFileError, read_json_file
 from .findings import PreflightReport, Severity
 from .view import CheckpointView
 
-__all__ = ["NESTED_SEARCH_DEPTH", "NESTED_SEARCH_ENTRIES"]
+__all__ = ["NESTED_SEARCH_DEPTH", "NESTED_SEARCH_ENTRIES", "VLLM_ARTIFACTS_DIR", "VLLM_ARTIFACTS_FIX"]
 
 
 # How deep and how wide the directory is searched for weight files in subdirectories.
@@ -150,6 +150,14 @@ def _check_stray_files(view: CheckpointView, report: PreflightReport) -> None:
     _check_nested_weight_files(view, report)
 
 
+# where vllm-neuron (0.2.x) compiles when NEURON_COMPILED_ARTIFACTS is unset: inside the model
+# directory, deleted and compiled again at every start
+VLLM_ARTIFACTS_DIR = "neuron-compiled-artifacts"
+VLLM_ARTIFACTS_FIX = ("vLLM compiled into the checkpoint because NEURON_COMPILED_ARTIFACTS was unset (and deletes "
+                      "and recompiles it at every start): export NEURON_COMPILED_ARTIFACTS=DIR on persistent storage "
+                      "outside the checkpoint, then remove this folder (nxdi-gptoss-fp8 doctor checks the settings)")
+
+
 def _check_nested_weight_files(view: CheckpointView, report: PreflightReport) -> None:
     """Warn about weight files in subdirectories (the published repos ship ``original/``).
 
@@ -178,9 +186,10 @@ def _check_nested_weight_files(view: CheckpointView, report: PreflightReport) ->
         level = below
     for directory, names in sorted(found.items()):
         shown = ", ".join(sorted(names)[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        fix = VLLM_ARTIFACTS_FIX if directory == VLLM_ARTIFACTS_DIR else "move it out"
         report.add(
             "filesystem", "nested_weight_files",
             f"{directory}/ holds weight files ({shown}); they are not part of this checkpoint and are "
-            "never read, but a second weight set beside it is easy to load by mistake: move it out",
+            f"never read, but a second weight set beside it is easy to load by mistake: {fix}",
             file=directory, severity=Severity.WARNING,
         )
