@@ -262,23 +262,7 @@ def test_a_padded_size_within_bounds_but_beyond_the_disk_is_refused_at_once(sour
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_sigterm_and_sighup_clean_up_like_ctrl_c(sources: dict[str, Path], tmp_path: Path, signum: int,
                                                  as_json: bool) -> None:
-    script = textwrap.dedent(f"""
-        import sys, time
-        from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
-        from nxdi_gptoss_fp8.cli import main
-        real = hf_mxfp4._projection
-        def slow(*args, **kwargs):
-            print("converting", flush=True)
-            time.sleep(60)
-            return real(*args, **kwargs)
-        hf_mxfp4._projection = slow
-        sys.exit(main(["convert", {str(sources[SOURCE_MXFP4])!r}, {str(tmp_path / 'out')!r}, *{["--json"] if as_json else []!r}]))
-    """)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "converting"
+    child = _slow_convert(sources[SOURCE_MXFP4], tmp_path / "out", *(["--json"] if as_json else []))
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".out.partial-")]  # mid-way
     child.send_signal(signum)
     _out, err = child.communicate(timeout=60)

@@ -9,7 +9,6 @@ import sys
 from typing import Any
 
 from ._shared import (
-    EXIT_FINDINGS,
     EXIT_OK,
     PARTIAL_OUTPUT_REMOVED,
     UsageError,
@@ -17,6 +16,7 @@ from ._shared import (
     _checkpoint_dir,
     _needs,
     _size,
+    print_report,
     usage_error,
 )
 
@@ -76,8 +76,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     except ConversionError as exc:  # a source or output we cannot use, or a write that failed
         raise usage_error(exc) from None
     except _PlanShown as shown:
-        print(json.dumps(shown.plan.to_dict(), indent=2) if args.json else shown.plan.render_text())
-        return EXIT_OK if shown.plan.ok else EXIT_FINDINGS
+        return print_report(shown.plan, args.json)
     print(json.dumps({"ok": True, **report.to_dict()}, indent=2) if args.json else report.render_text())
     return EXIT_OK
 
@@ -134,8 +133,7 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
                                    given_source=args.source, workers=workers)
     except ConversionError as exc:
         raise UsageError(str(exc)) from None
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
-    return EXIT_OK if report.ok else EXIT_FINDINGS
+    return print_report(report, args.json)
 
 
 def add_verify_conversion_command(commands: Any) -> None:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from ._shared import EXIT_FINDINGS, EXIT_OK, UsageError
+from ._shared import UsageError, print_report
 
 __all__ = ["add_doctor_command", "add_env_command"]
 
@@ -15,8 +14,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
     from ..support import environment_report
 
     report = environment_report()
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
-    return EXIT_OK if report.ok else EXIT_FINDINGS
+    return print_report(report, args.json)
 
 
 def add_env_command(commands: Any) -> None:
@@ -45,8 +43,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         raise UsageError(f"{' '.join(command)!r} is not a vLLM server's command line: pass it after --, as "
                          "`-- vllm serve MODEL ...` or `-- python -m vllm.entrypoints.openai.api_server --model MODEL ...`")
     report = lint_serving_host(command)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
-    return EXIT_OK if report.ok else EXIT_FINDINGS
+    return print_report(report, args.json)
 
 
 def add_doctor_command(commands: Any) -> None:

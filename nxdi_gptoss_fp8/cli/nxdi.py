@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
 from .. import format as fmt
-from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError, _allow_custom, _checkpoint_dir, _load_neuron_config
+from ._shared import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    _allow_custom,
+    _checkpoint_dir,
+    _load_neuron_config,
+    print_report,
+)
 
 __all__ = ["INFERENCE_DEMO_HELP", "add_check_forward_command", "add_inference_demo_command", "add_selfcheck_command"]
 
@@ -109,8 +117,7 @@ def _cmd_check_forward(args: argparse.Namespace) -> int:
         )
     except (CpuModelError, ConversionError, ValueError) as exc:  # cannot run, or unusable inputs
         raise UsageError(str(exc)) from None
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render_text())
-    return EXIT_OK if report.ok else EXIT_FINDINGS
+    return print_report(report, args.json)
 
 
 def _layer_count(text: str) -> int | None:
