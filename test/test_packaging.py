@@ -48,9 +48,10 @@ def wheel(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_sdist_ships_every_docs_page(tree: Path, tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)], cwd=tree, check=True,
+    own = shutil.copytree(tree, tmp_path / "tree")  # the sdist's egg-info stays out of the wheel's tree
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")], cwd=own, check=True,
                    capture_output=True, timeout=300)
-    (built,) = tmp_path.glob("*.tar.gz")
+    (built,) = (tmp_path / "dist").glob("*.tar.gz")
     with tarfile.open(built) as archive:
         shipped = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert {page for page in documents.pages()} <= shipped
