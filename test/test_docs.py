@@ -98,3 +98,17 @@ def test_every_test_and_script_path_a_page_names_exists(name: str) -> None:
 def test_the_pages_name_the_scripts_and_tests_they_describe() -> None:
     named = " ".join(documents.page(name) for name in documents.pages())
     assert "test/test_forward_cpu_model.py" in named and "scripts/fuzz_preflight.py" in named
+
+
+# the format document and the generated command-line reference have shapes of their own
+TASK_PAGES = [name for name in documents.pages()[1:] if name not in ("docs/format.md", "docs/cli.md")]
+
+
+@pytest.mark.parametrize("name", TASK_PAGES)
+def test_every_page_opens_with_what_it_is_for_and_the_commands_to_copy(name: str) -> None:
+    text = documents.page(name)
+    first_section = next((h.line for h in documents.headings(text) if h.level == 2), len(text.splitlines()))
+    opening = "\n".join(text.splitlines()[:first_section])
+    prose = [line for _, line in documents.prose_lines(opening) if line.strip() and not line.startswith("#")]
+    assert prose, f"{name}: no sentence saying what the page is for before its first section"
+    assert re.search(r"^```(bash|python)\n", opening, flags=re.M), f"{name}: no commands before its first section"
