@@ -1,9 +1,9 @@
 """Packaging for nxdi-gptoss-fp8. The validator needs nothing but the standard library;
-loading, converting and make-tiny need torch (install the build you need first, see the
-README's Install section); running a model needs the AWS Neuron SDK, which this package never
-installs."""
+loading, converting and make-tiny need torch (install the build you need first, see
+docs/install.md); running a model needs the AWS Neuron SDK, which this package never installs."""
 
 import os
+import re
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
@@ -12,6 +12,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # The format document: one copy in the source tree (docs/format.md), shipped inside the package
 # as nxdi_gptoss_fp8/format.md, where runtime messages and `nxdi-gptoss-fp8 --help` find it.
 FORMAT_DOCUMENT = os.path.join("docs", "format.md")
+# PyPI shows the README as the project's description, where a relative link leads nowhere: each
+# relative link target becomes the repository's copy of the file on the main branch.
+REPOSITORY_FILES = "https://github.com/nxdi-gptoss-fp8/nxdi-gptoss-fp8/blob/main/"
+RELATIVE_LINK = re.compile(r"(\]\()(?![a-zA-Z][a-zA-Z0-9+.-]*:|#)([^)\s]+)\)")
+
+
+def long_description() -> str:
+    """The README with its relative links made absolute (``docs/x.md#y`` → the repository's)."""
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as handle:
+        readme = handle.read()
+    return RELATIVE_LINK.sub(lambda m: f"{m.group(1)}{REPOSITORY_FILES}{m.group(2)})", readme)
 
 
 class BuildWithFormatDocument(build_py):
@@ -32,7 +43,7 @@ setup(
     version="0.4.0",
     description="Fail-closed validation, zero-copy loading and conversion of normalized static-FP8 "
     "GPT-OSS checkpoints for AWS NeuronX Distributed Inference",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=long_description(),
     long_description_content_type="text/markdown",
     author="the nxdi-gptoss-fp8 authors",
     license="Apache-2.0",

@@ -32,7 +32,7 @@ def missing(name: str, purpose: str = "") -> MissingDependencyError:
     """The error for module ``name`` missing when ``purpose`` (e.g. "the deep scan"; empty: the
     command the message is printed for) needs it."""
     root = name.split(".")[0]
-    hint = INSTALL_HINTS.get(root, "it comes with the AWS Neuron SDK: run this on a Neuron host (see the README)")
+    hint = INSTALL_HINTS.get(root, "it comes with the AWS Neuron SDK: run this on a Neuron host (see docs/install.md)")
     return MissingDependencyError(f"{purpose + ' ' if purpose else ''}needs {root}, which is not installed here: {hint}")
 
 

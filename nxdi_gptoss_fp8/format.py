@@ -74,7 +74,7 @@ PROFILE_120B = "gpt-oss-120b"
 PROFILE_20B = "gpt-oss-20b"
 PROFILE_CUSTOM = "custom"
 ALLOW_CUSTOM_ENV = "NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL"
-# Load-time choices (README "Loading with NxDI"): each an environment variable and a
+# Load-time choices (docs/loading.md#what-a-mapping-cannot-promise): each an environment variable and a
 # neuron_config attribute (kept through NxDI's config JSON round trip by the hook).
 VERIFY_AT_LOAD_ENV = "NXDI_GPTOSS_FP8_VERIFY_AT_LOAD"
 VERIFY_AT_LOAD_ATTR = "normalized_fp8_verify_at_load"

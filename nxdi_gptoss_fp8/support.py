@@ -13,7 +13,7 @@ Which vLLM Neuron is installed matters most: the NxDI-backed one (``vllm-neuron`
 ≤ 2.31; before it, a vLLM built for Neuron) loads GPT-OSS through NxDI, so the hook works in
 it; the plugin introduced in SDK 2.31 (same distribution name, versions such as
 0.24.0.1.1.0 = vLLM 0.24.0 + plugin 1.1.0) does not use NxDI at all. ``vllm_neuron_kind``
-says how it is told apart (README, "Supported environments").
+says how it is told apart (docs/supported-environments.md).
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ NOT_USED = "not used"  # installed, but not on this package's path (vLLM without
 SUPPORT_WINDOW = (
     "NxDI support window: NxDI/NxD inference APIs are in maintenance since Neuron SDK 2.30; 2.31 shipped the "
     "final NxDI 0.10.18399 / NxD 0.19.28492; 2.32 removed NxDI from the DLAMIs and DLCs (use a 2.31 or earlier "
-    "image); AWS announced on 2026-10-16 that support on Trn2/Trn3 ends with 2.34 and recommends the vLLM Neuron "
-    "plugin, which does not use NxDI and runs GPT-OSS on Trn2 in BF16 only (MXFP4 on Trn3), with no FP8 weight "
-    "path for GPT-OSS"
+    "image); since Neuron SDK 2.34.0 (2026-11-30; AWS notice of 2026-11-17) NxDI and the NxD Core inference APIs "
+    "are no longer supported on Trn2/Trn3 (they stay in maintenance on Inf2/Trn1), and AWS recommends the vLLM "
+    "Neuron plugin, which does not use NxDI and runs GPT-OSS on Trn2 in BF16 only (MXFP4 on Trn3), with no FP8 "
+    "weight path for GPT-OSS"
 )
 # what to do on a host without NxDI (the vLLM entry point's refusal says it)
 WITHOUT_NXDI = (

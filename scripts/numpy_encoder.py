@@ -3,7 +3,7 @@ layout: the baseline ``bench_convert.py --numpy`` times the converter against.
 
 Written from docs/format.md (expert tensors input-dim first, gate_up ``[gate | pad | up | pad]``,
 E4M3 bytes within ±240 times a float32 per-output-channel scale, padding zero, scale padding 1.0)
-and the README's rule for each source kind; it shares no code with the package (numpy only: its
+and docs/converting.md's rule for each source kind (Exactness); it shares no code with the package (numpy only: its
 own safetensors reader, its own E4M3 encoder and decoder, its own layout). One expert at a time:
 
   hf-bf16          scale = amax/240 per output channel (at least 2^-126; 1.0 for an all-zero

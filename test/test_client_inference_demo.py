@@ -1,5 +1,5 @@
 """NxDI's own clients on its real source (``NXDI_SRC``), the Neuron compiler and device stood in
-(``neuron_device``), each with the README's recipe as written (only the paths, and for the Python
+(``neuron_device``), each with its recipe in docs/serving.md as written (only the paths, and for the Python
 API the padded sizes, replaced by a tiny checkpoint's):
 
 * ``inference_demo.py`` started by ``nxdi-gptoss-fp8 inference-demo``: it parses the recipe's
@@ -30,9 +30,8 @@ from nxdi_gptoss_fp8.nxdi import recipes
 
 pytestmark = [pytest.mark.client, pytest.mark.filterwarnings("ignore")]
 
-DEMO_HEADING = "### NxDI's `inference_demo`"
-README_COMPILED = "/data/neuron-compiled/gpt-oss-120b-fp8-tp64-demo"
-README_MODULES = "/data/modules_to_not_convert.json"
+RECIPE_COMPILED = "/data/neuron-compiled/gpt-oss-120b-fp8-tp64-demo"
+RECIPE_MODULES = "/data/modules_to_not_convert.json"
 
 
 class QuantizationType(enum.Enum):
@@ -79,13 +78,13 @@ def isolated(nxdi: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def recipe(ckpt: Path, tmp_path: Path) -> tuple[dict[str, str], list[str]]:
-    """The README's inference_demo block for ``ckpt``: the modules file written, the command's
+    """The inference_demo recipe block of docs/serving.md for ``ckpt``: the modules file written, the command's
     environment and ``nxdi-gptoss-fp8``'s arguments."""
-    mapping = {clients.README_MODEL: str(ckpt), README_COMPILED: str(tmp_path / "compiled"),
-               README_MODULES: str(tmp_path / "modules_to_not_convert.json")}
+    mapping = {clients.RECIPE_MODEL: str(ckpt), RECIPE_COMPILED: str(tmp_path / "compiled"),
+               RECIPE_MODULES: str(tmp_path / "modules_to_not_convert.json")}
     environ: dict[str, str] = {}
     argv: list[str] = []
-    for words in clients.shell_commands(clients.readme_block(DEMO_HEADING, "bash")):
+    for words in clients.shell_commands(clients.recipe_block(clients.DEMO_RECIPE, "bash")):
         words = clients.substitute(words, mapping)
         if words[0] == "echo":
             assert words[2] == ">" and len(words) == 4, words
@@ -112,7 +111,7 @@ def ckpt(tiny_template: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(tiny_template, tmp_path / "models" / "gpt-oss-tiny-fp8"))
 
 
-def test_the_readme_recipe_reaches_the_hook_and_loads(nxdi: SimpleNamespace, ckpt: Path, tmp_path: Path) -> None:
+def test_the_recipe_reaches_the_hook_and_loads(nxdi: SimpleNamespace, ckpt: Path, tmp_path: Path) -> None:
     environ, argv = recipe(ckpt, tmp_path)
     run(argv, environ)
     assert nxdi.device.traces == 1 and len(nxdi.device.loads) == 1
@@ -151,16 +150,16 @@ def test_a_rerun_with_a_missing_rank_file_is_refused(
 # --------------------------------------------------------------------------- the Python API recipe
 
 
-def test_the_readme_python_recipe_compiles_and_loads(nxdi: SimpleNamespace, ckpt: Path, tmp_path: Path) -> None:
-    """The README's Python block as written, the paths and padded sizes the tiny checkpoint's."""
+def test_the_python_recipe_compiles_and_loads(nxdi: SimpleNamespace, ckpt: Path, tmp_path: Path) -> None:
+    """The Python recipe block of docs/serving.md as written, the paths and padded sizes the tiny checkpoint's."""
     config = json.loads((ckpt / fmt.CONFIG_FILE).read_text())
-    code = clients.readme_block("### The Python API", "python")
-    for old, new in ((clients.README_MODEL, str(ckpt)), ("/data/neuron-compiled/gpt-oss-120b-fp8-tp64-api", str(tmp_path / "api")),
-                     (f"={clients.README_PADDED}", f"={config['hidden_size']}")):
+    code = clients.recipe_block(clients.PYTHON_RECIPE, "python")
+    for old, new in ((clients.RECIPE_MODEL, str(ckpt)), ("/data/neuron-compiled/gpt-oss-120b-fp8-tp64-api", str(tmp_path / "api")),
+                     (f"={clients.RECIPE_PADDED}", f"={config['hidden_size']}")):
         assert old in code
         code = code.replace(old, new)
     namespace: dict[str, object] = {}
-    exec(compile(code, "README.md (The Python API)", "exec"), namespace)
+    exec(compile(code, "docs/serving.md (The Python API)", "exec"), namespace)
     assert nxdi.device.traces == 1 and len(nxdi.device.loads) == 1
     assert any(t.dtype == torch.float8_e4m3fn for t in nxdi.device.loads[0][0].values())
     assert namespace["model"].config.neuron_config.quantization_type == fmt.QUANTIZATION_TYPE  # type: ignore[attr-defined]

@@ -2,7 +2,7 @@
 (``VLLM_NEURON_SRC``, a checkout at a release tag) on NxDI's real source (``NXDI_SRC``), vLLM's
 own modules and the Neuron compiler/device stood in (``vllm_standin``, ``neuron_device``).
 
-Each start is the README's vLLM recipe as written (only the paths and the padded sizes replaced
+Each start is the vLLM recipe of docs/serving.md as written (only the paths and the padded sizes replaced
 by the tiny checkpoint's): our entry point as vLLM loads it, the loader's ``get_neuron_model``
 with the configs vLLM builds, ``_load_weights_common`` with its ``except (FileNotFoundError,
 ValueError)`` → "Recompiling", NxDI's ``compile`` / ``load`` and our hook inside them.
@@ -36,9 +36,8 @@ from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
 
 pytestmark = [pytest.mark.client, pytest.mark.filterwarnings("ignore")]
 
-VLLM_HEADING = "### vLLM (the NxDI-backed `vllm-neuron`)"
-README_COMPILED = "/data/neuron-compiled/gpt-oss-120b-fp8-tp64"
-README_TIKTOKEN = "/data/tiktoken"
+RECIPE_COMPILED = "/data/neuron-compiled/gpt-oss-120b-fp8-tp64"
+RECIPE_TIKTOKEN = "/data/tiktoken"
 RECOMPILING = "Recompiling"
 
 
@@ -72,14 +71,14 @@ def ckpt(tiny_template: Path, tmp_path: Path) -> Path:
 
 
 def recipe(ckpt: Path, tmp_path: Path) -> tuple[dict[str, str], list[str]]:
-    """The README's vLLM block for ``ckpt``: its environment and ``vllm serve``'s arguments."""
+    """The vLLM recipe block of docs/serving.md for ``ckpt``: its environment and ``vllm serve``'s arguments."""
     config = json.loads((ckpt / fmt.CONFIG_FILE).read_text())
     assert config["hidden_size"] == config["intermediate_size"]  # the tiny profile: one padded size for both
-    mapping = {clients.README_MODEL: str(ckpt), README_COMPILED: str(tmp_path / "compiled"),
-               README_TIKTOKEN: str(tmp_path / "tiktoken"), f": {clients.README_PADDED}": f": {config['hidden_size']}"}
+    mapping = {clients.RECIPE_MODEL: str(ckpt), RECIPE_COMPILED: str(tmp_path / "compiled"),
+               RECIPE_TIKTOKEN: str(tmp_path / "tiktoken"), f": {clients.RECIPE_PADDED}": f": {config['hidden_size']}"}
     environ: dict[str, str] = {}
     serve: list[str] = []
-    for words in clients.shell_commands(clients.readme_block(VLLM_HEADING, "bash")):
+    for words in clients.shell_commands(clients.recipe_block(clients.VLLM_RECIPE, "bash")):
         words = clients.substitute(words, mapping)
         if words[0] == "export":
             name, _, value = words[1].partition("=")
@@ -107,7 +106,7 @@ def raw(tensor: torch.Tensor) -> bytes:
 # --------------------------------------------------------------------------- the recipe
 
 
-def test_the_readme_recipe_starts_and_loads_the_normalized_checkpoint(
+def test_the_recipe_starts_and_loads_the_normalized_checkpoint(
     stack: SimpleNamespace, ckpt: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     environ, argv = recipe(ckpt, tmp_path)
@@ -122,7 +121,7 @@ def test_the_readme_recipe_starts_and_loads_the_normalized_checkpoint(
     assert (tmp_path / "compiled" / "neuron_config.json").is_file()
 
 
-def test_doctor_passes_the_readme_recipe(ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doctor_passes_the_vllm_recipe(ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The serving-host lint of the recipe's own command and environment: no finding at all."""
     environ, argv = recipe(ckpt, tmp_path)
     vocabulary = Path(environ[serving_host.ENV_TIKTOKEN]) / serving_host.HARMONY_VOCABULARY

@@ -1,4 +1,5 @@
-"""The README's Python example runs as written; docs/format.md matches the code it describes."""
+"""The documented Python example runs as written, the README's first screen is the two commands, and
+docs/format.md matches the code it describes. Pages are read with ``documents`` (test/support)."""
 
 from __future__ import annotations
 
@@ -7,44 +8,49 @@ import io
 import re
 from pathlib import Path
 
+import documents
 import pytest
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.validate.findings import CHECKS
 
-ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-FORMAT_DOC = (ROOT / "docs" / "format.md").read_text(encoding="utf-8")
-
-
-def section_code(text: str, heading: str, language: str) -> str:
-    """The first ```language block after ``heading``."""
-    start = text.index(heading)
-    match = re.search(rf"```{language}\n(.*?)```", text[start:], re.DOTALL)
-    assert match is not None, f"no {language} block after {heading!r}"
-    return match.group(1)
+ROOT = documents.REPO
+README = documents.page("README.md")
+FORMAT_DOC = documents.page("docs/format.md")
 
 
 def test_the_from_python_example_runs_as_pasted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
 
-    snippet = section_code(README, "### From Python", "python")
-    assert "nxdi-gptoss-fp8 make-tiny tiny-fp8" in README[README.index("### From Python"):]
+    snippet = documents.code_block("docs/validating.md", "From Python", "python")
+    assert "nxdi-gptoss-fp8 make-tiny tiny-fp8" in documents.section("docs/validating.md", "From Python")
     monkeypatch.chdir(tmp_path)
     make_tiny("tiny-fp8")  # what `nxdi-gptoss-fp8 make-tiny tiny-fp8` writes
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(snippet, "README.md", "exec"), {"__name__": "__readme__"})
+        exec(compile(snippet, "docs/validating.md", "exec"), {"__name__": "__docs__"})
     assert out.getvalue().startswith("True {'errors': 0")
 
 
 def test_the_first_screen_starts_with_a_virtualenv_and_needs_no_torch_for_the_demo() -> None:
-    first = section_code(README, "# nxdi-gptoss-fp8", "bash")
+    first = documents.code_block("README.md", "nxdi-gptoss-fp8", "bash")
     commands = [line for line in first.splitlines() if line and not line.startswith("#")]
     assert commands[0].startswith("python3 -m venv .venv && . .venv/bin/activate && ")
     assert "torch" not in commands[0] and commands[0].endswith("nxdi-gptoss-fp8 demo")
+    assert README.index(first) < README.index("\n## ")  # the quick start comes before any section
 
 
+def test_the_readme_is_a_front_door() -> None:
+    """At most 150 lines, the job in order, every docs page in its table."""
+    assert len(README.splitlines()) <= 150
+    job = documents.section("README.md", "The job, in order")
+    steps = ("inspect", "convert gpt-oss-120b gpt-oss-120b-fp8 --dry-run", "convert gpt-oss-120b gpt-oss-120b-fp8`",
+             "verify-conversion", "validate", "doctor -- vllm serve", "Serve")
+    positions = [job.index(step) for step in steps]
+    assert positions == sorted(positions)
+    table = documents.section("README.md", "Documentation")
+    for name in documents.pages()[1:]:
+        assert f"]({name})" in table, name
 def test_the_format_document_lists_every_tensor_and_every_check() -> None:
     layout = fmt.Layout.unpadded(fmt.PROFILES[fmt.PROFILE_20B])
     expert = "feed_forward.moe.expert_mlps.mlp_op."
@@ -79,11 +85,30 @@ def test_the_format_document_states_the_config_field_rule() -> None:
         assert f"`{code}`" in FORMAT_DOC, code
 
 
-README_PATH = re.compile(r"(?<![\w./-])((?:test|scripts)/[\w./-]*)")
+PROJECT_PATH = re.compile(r"(?<![\w./-])((?:test|scripts)/[\w./-]*)")
 
 
-def test_every_test_and_script_path_the_readme_names_exists() -> None:
-    named = {match.rstrip(".,") for match in README_PATH.findall(README)}
-    assert {"test/test_forward_cpu_model.py", "scripts/bench_check_forward.py"} <= named
+@pytest.mark.parametrize("name", documents.pages())
+def test_every_test_and_script_path_a_page_names_exists(name: str) -> None:
+    named = {match.rstrip(".,") for match in PROJECT_PATH.findall(documents.page(name))}
     missing = sorted(path for path in named if not (ROOT / path).exists())
-    assert not missing, f"README.md names paths that do not exist: {missing}"
+    assert not missing, f"{name} names paths that do not exist: {missing}"
+
+
+def test_the_pages_name_the_scripts_and_tests_they_describe() -> None:
+    named = " ".join(documents.page(name) for name in documents.pages())
+    assert "test/test_forward_cpu_model.py" in named and "scripts/fuzz_preflight.py" in named
+
+
+# the format document and the generated command-line reference have shapes of their own
+TASK_PAGES = [name for name in documents.pages()[1:] if name not in ("docs/format.md", "docs/cli.md")]
+
+
+@pytest.mark.parametrize("name", TASK_PAGES)
+def test_every_page_opens_with_what_it_is_for_and_the_commands_to_copy(name: str) -> None:
+    text = documents.page(name)
+    first_section = next((h.line for h in documents.headings(text) if h.level == 2), len(text.splitlines()))
+    opening = "\n".join(text.splitlines()[:first_section])
+    prose = [line for _, line in documents.prose_lines(opening) if line.strip() and not line.startswith("#")]
+    assert prose, f"{name}: no sentence saying what the page is for before its first section"
+    assert re.search(r"^```(bash|python)\n", opening, flags=re.M), f"{name}: no commands before its first section"

@@ -22,7 +22,7 @@ FAILURES = {
     "tenacity": ("raise ModuleNotFoundError(\"No module named 'tenacity'\", name='tenacity')",
                  ["'tenacity'", "pip install 'nxdi-gptoss-fp8[nxdi-cpu]'"]),
     "torch_xla": ("raise ModuleNotFoundError(\"No module named 'torch_xla.core'\", name='torch_xla.core')",
-                  ["needs torch_xla, which exists only on a Neuron host", "Where selfcheck and check-forward run"]),
+                  ["needs torch_xla, which exists only on a Neuron host", "docs/model-checks.md#where-selfcheck-and-check-forward-run"]),
     "attribute": ("raise AttributeError(\"module 'torch_neuronx' has no attribute 'xla_impl'\")",
                   ["importing neuronx_distributed_inference.models.gpt_oss.modeling_gpt_oss failed: AttributeError"]),
 }

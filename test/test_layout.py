@@ -1,4 +1,4 @@
-"""The package layout's rules (README, Layout), read from the source with ``ast``: no import
+"""The package layout's rules (docs/architecture.md), read from the source with ``ast``: no import
 circle (``TYPE_CHECKING`` imports included), the tiers import only downward, ``errors`` is a
 leaf, every module declares ``__all__``, and no module grows past ~500 lines unless listed."""
 

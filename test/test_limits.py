@@ -1,7 +1,7 @@
 """Resource limits: hostile sizes give clean findings in bounded time and memory.
 
 The heavy cases run in a child process that reports its own elapsed time and peak RSS above
-its baseline (after imports), so the bounds below are the ones the README states:
+its baseline (after imports), so the bounds below are the ones docs/validating.md states:
 
 - a header at the 100,000,000-byte cap: < 10 s, < 4 × its size in memory;
 - a header length above the cap, or beyond the file: refused before any allocation;

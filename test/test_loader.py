@@ -480,7 +480,7 @@ def _write_after_load(ckpt: Path, mode: str) -> tuple[bytes, bytes]:
 
 
 def test_a_mapping_shows_later_writes_to_the_file_private_memory_does_not(tiny_checkpoint: Path) -> None:
-    """The mmap caveat the README states, and the private mode that removes it."""
+    """The mmap caveat docs/loading.md states, and the private mode that removes it."""
     before, after = _write_after_load(tiny_checkpoint, fmt.LOAD_MODE_MMAP)
     assert before != after  # the mapping shows the write
     before, after = _write_after_load(tiny_checkpoint, fmt.LOAD_MODE_PRIVATE)

@@ -1,14 +1,19 @@
-"""What the wheel ships: the format document the messages cite, and ``python -m nxdi_gptoss_fp8``."""
+"""What the packages ship: the wheel the format document the messages cite and ``python -m nxdi_gptoss_fp8``,
+the sdist the docs; and PyPI's description, the README with links that work from PyPI."""
 
 from __future__ import annotations
 
+import email
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
+import documents
 import pytest
 
 from nxdi_gptoss_fp8 import format as fmt
@@ -18,10 +23,10 @@ SOURCE_PARTS = ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in", "CHANG
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A wheel built from a copy of the source tree (the tree itself stays clean)."""
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the source tree to build from (the tree itself stays clean)."""
     if importlib.util.find_spec("setuptools") is None:
-        pytest.skip("setuptools is needed to build the wheel")
+        pytest.skip("setuptools is needed to build the packages")
     tree = tmp_path_factory.mktemp("tree")
     for part in SOURCE_PARTS:
         source = ROOT / part
@@ -30,11 +35,45 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
                             if part == "nxdi_gptoss_fp8" else None)
         elif source.exists():
             shutil.copy(source, tree / part)
+    return tree
+
+
+@pytest.fixture(scope="module")
+def wheel(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(tree), "-w", str(out)],
                    check=True, capture_output=True, timeout=300)
     (built,) = out.glob("*.whl")
     return built
+
+
+def test_the_sdist_ships_every_docs_page(tree: Path, tmp_path: Path) -> None:
+    own = shutil.copytree(tree, tmp_path / "tree")  # the sdist's egg-info stays out of the wheel's tree
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")], cwd=own, check=True,
+                   capture_output=True, timeout=300)
+    (built,) = (tmp_path / "dist").glob("*.tar.gz")
+    with tarfile.open(built) as archive:
+        shipped = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {page for page in documents.pages()} <= shipped
+    assert {"LICENSE", "CHANGELOG.md"} <= shipped
+
+
+def test_pypi_shows_the_readme_with_absolute_links(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        metadata_name = next(name for name in archive.namelist() if name.endswith(".dist-info/METADATA"))
+        metadata = email.message_from_string(archive.read(metadata_name).decode("utf-8"))
+    description = metadata.get_payload()
+    readme = documents.page("README.md")
+    targets = re.findall(r"\]\(([^)\s]+)\)", description)
+    assert len(targets) == len(documents.links("README.md")) > 10
+    for target, original in zip(targets, documents.links("README.md"), strict=True):
+        if re.match(r"^[a-z]+:", original):
+            assert target == original
+        else:
+            assert target == f"https://github.com/nxdi-gptoss-fp8/nxdi-gptoss-fp8/blob/main/{original}"
+            path = original.partition("#")[0]
+            assert (ROOT / path).exists() or path in documents.PARALLEL_PAGES, path
+    assert description.replace("https://github.com/nxdi-gptoss-fp8/nxdi-gptoss-fp8/blob/main/", "").strip() == readme.strip()
 
 
 def test_the_wheel_ships_the_format_document_unchanged(wheel: Path) -> None:

@@ -1,4 +1,4 @@
-"""The recipes are data, and the README's blocks are exactly that data (the client tests run the blocks)."""
+"""The recipes are data, and the recipe blocks of docs/serving.md are exactly that data (the client tests run the blocks)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from nxdi_gptoss_fp8.convert.card import loading_neuron_config
 from nxdi_gptoss_fp8.nxdi import recipes
 from nxdi_gptoss_fp8.validate.findings import PreflightReport
 
-MODEL = clients.README_MODEL
-PADDED = clients.README_PADDED
+MODEL = clients.RECIPE_MODEL
+PADDED = clients.RECIPE_PADDED
 
 
-def test_the_readme_vllm_block_is_the_vllm_recipe() -> None:
-    block = clients.readme_block("### vLLM (the NxDI-backed `vllm-neuron`)", "bash")
+def test_the_serving_page_vllm_block_is_the_vllm_recipe() -> None:
+    block = clients.recipe_block(clients.VLLM_RECIPE, "bash")
     expected = recipes.vllm_command(MODEL, "/data/neuron-compiled/gpt-oss-120b-fp8-tp64", "/data/tiktoken", PADDED, PADDED)
     assert block.strip() == expected
 
@@ -35,8 +35,8 @@ def test_the_vllm_recipe_spells_every_fp8_key_under_vllms_key() -> None:
     assert override["quantization_type"] == fmt.QUANTIZATION_TYPE and override["quantization_dtype"] == fmt.QUANTIZATION_DTYPE
 
 
-def test_the_readme_inference_demo_block_is_the_demo_recipe() -> None:
-    commands = clients.shell_commands(clients.readme_block("### NxDI's `inference_demo`", "bash"))
+def test_the_serving_page_inference_demo_block_is_the_demo_recipe() -> None:
+    commands = clients.shell_commands(clients.recipe_block(clients.DEMO_RECIPE, "bash"))
     echo, demo = commands
     assert json.loads(echo[1]) == recipes.modules_file() and echo[2:] == [">", "/data/modules_to_not_convert.json"]
     expected = recipes.inference_demo_argv(MODEL, "/data/neuron-compiled/gpt-oss-120b-fp8-tp64-demo",
@@ -44,8 +44,8 @@ def test_the_readme_inference_demo_block_is_the_demo_recipe() -> None:
     assert demo == ["CHECKPOINT_FORMAT=normalized_fp8", "nxdi-gptoss-fp8", "inference-demo", *expected]
 
 
-def test_the_readme_python_block_builds_the_whole_config() -> None:
-    tree = ast.parse(clients.readme_block("### The Python API", "python"))
+def test_the_serving_page_python_block_builds_the_whole_config() -> None:
+    tree = ast.parse(clients.recipe_block(clients.PYTHON_RECIPE, "python"))
     call = next(node for node in ast.walk(tree) if isinstance(node, ast.Call)
                 and getattr(node.func, "id", None) == "GptOssNeuronConfig")
     names = {node.targets[0].id: node.value for node in ast.walk(tree)  # type: ignore[attr-defined]

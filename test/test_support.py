@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import documents
 import nxdi_standin
 import pytest
 
@@ -18,6 +19,7 @@ from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
 from nxdi_gptoss_fp8.nxdi import vllm_plugin
 
 # a Neuron SDK 2.29 host (the verified stack) with the NxDI-backed vLLM plugin
+PAGE = "docs/supported-environments.md"
 SDK_229 = {"torch": "2.9.0", "transformers": "4.57.1", "neuronx-distributed-inference": "0.9.17334",
            "neuronx-distributed": "0.18.26921", "torch-neuronx": "2.9.0.2.13.23887", "neuronx-cc": "2.24.5133.0",
            "vllm": "0.13.0", "vllm-neuron": "0.5.0"}
@@ -282,13 +284,20 @@ def test_register_itself_warns_for_an_unverified_nxdi(
     assert nxdi_hook.is_registered()
 
 
-def test_the_readme_states_the_same_window_and_matrix() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Supported environments"):readme.index("## Why")]
-    first_paragraph = " ".join(section.split("\n\n")[1].split())
+def test_the_supported_environments_page_states_the_same_window_and_matrix() -> None:
+    window = documents.section(PAGE, "The support window")
+    first_paragraph = " ".join(window.split("\n\n")[1].split())
     assert first_paragraph == support.SUPPORT_WINDOW + "."
+    matrix = documents.section(PAGE, "The matrix")
     for rule in support.MATRIX:
-        assert f"| {rule.component}" in section, rule.component
+        assert f"| {rule.component}" in matrix, rule.component
+
+
+def test_no_document_says_support_ends_in_the_future() -> None:
+    """AWS ended NxDI on Trn2/Trn3 with SDK 2.34.0: no page (nor the window the package prints) says it will."""
+    for name, text in [*((name, documents.page(name)) for name in documents.pages()), ("SUPPORT_WINDOW", support.SUPPORT_WINDOW)]:
+        text = " ".join(text.split())
+        assert "ends with 2.34" not in text and "ends with SDK 2.34" not in text, name
 
 
 def test_selfcheck_prints_the_same_header(tmp_path: Path) -> None:

@@ -469,7 +469,7 @@ def test_validate_compiled_without_presharded_weights_says_so(nxdi: SimpleNamesp
 def test_inspect_compiled_shows_the_manifest_or_how_to_write_one(scene: cases.Scene, capsys: pytest.CaptureFixture) -> None:
     code, out, _ = run(capsys, "inspect", str(scene.compiled))
     assert code == 0 and "manifest" in out and "tp_degree 2" in out and str(scene.ckpt.resolve()) in out
-    assert f"do          check it with `nxdi-gptoss-fp8 validate {scene.compiled}`" in out  # as the README says
+    assert f"do          check it with `nxdi-gptoss-fp8 validate {scene.compiled}`" in out  # as docs/loading.md says
     assert "not a checkpoint to validate" not in out and "verdict     VALID" in out
     code, out, _ = run(capsys, "inspect", str(scene.compiled), "--json")
     assert json.loads(out)["presharded"]["manifest"]["tp_degree"] == 2 and json.loads(out)["compiled"]["ok"]

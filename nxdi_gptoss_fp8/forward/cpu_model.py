@@ -134,8 +134,8 @@ def import_failure(exc: BaseException) -> str:
     missing = exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError) and exc.name else None
     if missing in NEURON_ONLY_ROOTS:
         return (f"NxDI is importable here only in part: its GPT-OSS model needs {missing}, which exists only on a "
-                "Neuron host (a Neuron DLAMI or container); run this there (the README's \"Where selfcheck and "
-                "check-forward run\" says how a CPU host gets the rest)")
+                "Neuron host (a Neuron DLAMI or container); run this there (docs/model-checks.md#where-selfcheck-and-check-forward-run "
+                "says how a CPU host gets the rest)")
     if missing is not None:
         return (f"NxDI is importable here only in part: importing its GPT-OSS model needs the module {missing!r}; "
                 f"NxD imports boto3 and tenacity on any host: {CPU_EXTRA}")

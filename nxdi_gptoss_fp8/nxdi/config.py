@@ -3,8 +3,8 @@
 NxDI hands the hook an ``InferenceConfig`` (model fields as attributes, the ``NeuronConfig`` in
 ``.neuron_config``); the command line reads the same thing from JSON, flat (NeuronConfig
 attributes only) or nested as NxDI saves ``neuron_config.json`` (model fields at the top,
-``neuron_config`` inside). ``config_attr`` reads either; the rules below (docs/format.md, the
-``config`` and ``neuron_config`` rows) are one function each, applied to both, and return
+``neuron_config`` inside). ``config_attr`` reads either; the rules below (docs/format.md, Findings by
+check: the ``config`` and ``neuron_config`` rows) are one function each, applied to both, and return
 ``Problem`` values that the preflight turns into findings (the config.json field rule, over
 ``format``'s field tables: ``config_fields``). Stdlib only.
 

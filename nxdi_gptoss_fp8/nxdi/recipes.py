@@ -1,6 +1,6 @@
 """One recipe per client, as data: the NeuronConfig keys a normalized checkpoint needs, and how
 each client (vLLM's NxDI-backed ``vllm-neuron``, NxDI's ``inference_demo``, the Python API) is
-given them. The README's recipes, the model card, the serving-host lint (``serving_host``) and
+given them. The recipes of docs/serving.md, the model card, the serving-host lint (``serving_host``) and
 the hint on a refused vLLM start all read them from here. Stdlib only.
 
 vLLM builds the NeuronConfig from its own defaults (``quantized: False``) updated with the JSON
@@ -32,7 +32,7 @@ VLLM_ADDITIONAL_CONFIG_FLAG = "--additional-config"
 # the NeuronConfig keys that say "this checkpoint is normalized FP8"; vLLM's defaults lack all of them
 QUANTIZATION_KEYS = ("quantized", "quantized_checkpoints_path", "quantization_type", "quantization_dtype",
                      "modules_to_not_convert", "padded_hidden_size", "padded_intermediate_size")
-# the vLLM settings of the README's recipe besides the override (what one host serves)
+# the vLLM settings of the vLLM recipe (docs/serving.md) besides the override (what one host serves)
 DEFAULT_VLLM_SETTINGS = {"tensor_parallel_size": 64, "max_model_len": 8192, "max_num_seqs": 4}
 
 
@@ -59,7 +59,7 @@ def vllm_command(checkpoint: str, compiled: str, tiktoken_dir: str, padded_hidde
                  max_model_len: int = DEFAULT_VLLM_SETTINGS["max_model_len"],
                  max_num_seqs: int = DEFAULT_VLLM_SETTINGS["max_num_seqs"]) -> str:
     """The vLLM recipe as shell lines: the three environment variables, then ``vllm serve`` with the
-    full ``--additional-config`` (the README's block and the card's are this text)."""
+    full ``--additional-config`` (the block of docs/serving.md and the card's are this text)."""
     override = json.dumps(vllm_override(checkpoint, padded_hidden_size, padded_intermediate_size))
     return "\n".join([
         "export CHECKPOINT_FORMAT=normalized_fp8",
@@ -121,4 +121,4 @@ def vllm_hint(report: Any, checkpoint: str, modules: Mapping[str, Any] | None = 
             f"when quantized is given alone) and {VLLM_ADDITIONAL_CONFIG_FLAG}'s \"{VLLM_OVERRIDE_KEY}\" (spelled with "
             f"underscores): add {json.dumps(wanted)} to it, e.g. {VLLM_ADDITIONAL_CONFIG_FLAG} "
             f"{shlex.quote(json.dumps({VLLM_OVERRIDE_KEY: wanted}))}, with padded_hidden_size and "
-            "padded_intermediate_size as the checkpoint's index records them (README, \"Serving with vLLM\")")
+            "padded_intermediate_size as the checkpoint's index records them (docs/serving.md#vllm-the-nxdi-backed-vllm-neuron)")

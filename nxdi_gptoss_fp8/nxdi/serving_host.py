@@ -78,7 +78,7 @@ class HostReport:
         lines = [f.render() for f in self.findings]
         errors = sum(f.severity == "error" for f in self.findings)
         lines.append(f"{'OK' if self.ok else 'FAILED'}: {errors} errors, {len(self.findings) - errors} warnings "
-                     "(the vLLM recipe: README, \"Serving with vLLM\")")
+                     "(the vLLM recipe: docs/serving.md#vllm-the-nxdi-backed-vllm-neuron)")
         return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""What the client tests share: the README's recipe blocks as commands, and the real NxDI source
+"""What the client tests share: the recipe blocks of docs/serving.md as commands, and the real NxDI source
 (``NXDI_SRC``) with only the Neuron-only packages stubbed and the compiler/device stood in.
 
 Unlike the conformance tests, transformers is the real one here (vLLM reads the HF config with it,
@@ -10,32 +10,30 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import re
 import shlex
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
+import documents
 import neuron_device
 import pytest
 from nxdi_standin import neuron_stubs
 
-REPO = Path(__file__).resolve().parents[2]
 # stubbed for the client tests: the Neuron SDK, and torchvision (NxDI's vision models import it)
 CLIENT_STUBBED = tuple(root for root in neuron_stubs.STUBBED if root not in ("transformers", "PIL"))
-# the README recipes' paths and the sizes of gpt-oss-120b, replaced by a tiny checkpoint's
-README_MODEL = "/data/models/gpt-oss-120b-fp8"
-README_PADDED = 2880
+# the page that holds the recipes, their sections, and their paths and the sizes of gpt-oss-120b,
+# which the client tests replace by a tiny checkpoint's
+SERVING_PAGE = "docs/serving.md"
+VLLM_RECIPE = "vLLM (the NxDI-backed `vllm-neuron`)"
+DEMO_RECIPE = "NxDI's `inference_demo`"
+PYTHON_RECIPE = "The Python API"
+RECIPE_MODEL = "/data/models/gpt-oss-120b-fp8"
+RECIPE_PADDED = 2880
 
 
-def readme_block(heading: str, language: str, index: int = 0) -> str:
-    """The ``index``-th fenced ``language`` block of the README section titled ``heading``."""
-    text = (REPO / "README.md").read_text()
-    start = text.index(f"\n{heading}\n")
-    following = re.search(r"\n#{2,3} ", text[start + len(heading) + 2:])
-    section = text[start: start + len(heading) + 2 + (following.start() if following else len(text))]
-    blocks = re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
-    return blocks[index]
+def recipe_block(title: str, language: str, index: int = 0) -> str:
+    """The ``index``-th fenced ``language`` block of the serving page's recipe titled ``title``."""
+    return documents.code_block(SERVING_PAGE, title, language, index)
 
 
 def shell_commands(block: str) -> list[list[str]]:
@@ -89,5 +87,5 @@ def restored_environ() -> Iterator[None]:
         os.environ.update(saved)
 
 
-__all__ = ["CLIENT_STUBBED", "README_MODEL", "README_PADDED", "readme_block", "real_nxdi", "restored_environ",
-           "shell_commands", "substitute"]
+__all__ = ["CLIENT_STUBBED", "DEMO_RECIPE", "PYTHON_RECIPE", "RECIPE_MODEL", "RECIPE_PADDED", "SERVING_PAGE", "VLLM_RECIPE",
+           "real_nxdi", "recipe_block", "restored_environ", "shell_commands", "substitute"]

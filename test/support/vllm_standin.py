@@ -4,7 +4,7 @@
 loader (``vllm_neuron/worker/neuronx_distributed_model_loader.py``) is imported from it unchanged.
 What it imports from vLLM is stood in here, minimally, with the fields it reads: the config
 classes, ``LogitsProcessor``, ``Sampler``, ``SamplerOutput``. ``serve(argv)`` is what ``vllm serve``
-does before the loader, for the flags the README's recipe uses: the engine's argument parsing,
+does before the loader, for the flags the vLLM recipe (docs/serving.md) uses: the engine's argument parsing,
 vLLM loading its general plugins (our entry point, by the name ``setup.py`` declares), the HF
 config read with transformers, and vllm-neuron's platform defaults (``check_and_update_config``:
 chunked prefill off, ``max_num_batched_tokens`` 131072, ``block_size = max_model_len`` without
