@@ -224,5 +224,5 @@ def test_a_misread_checkpoint_fails_the_bound(refs: dict[str, Any], layer: Layer
 
 @pytest.mark.parametrize("layer", ["20b"], indirect=True)
 def test_an_unpadded_checkpoint_is_refused(layer: Layer) -> None:
-    with pytest.raises(nki_moe.ShapeRefused, match="size mismatch.*--target nki-moe"):
+    with pytest.raises(nki_moe.ShapeRefused, match=r"size mismatch.*--target nki-moe"):
         nki_moe.plugin_views(layer.unpadded())
