@@ -225,8 +225,9 @@ then zero-copy loading, with no conversion at load time.
 
 ## Load it with NxDI
 
-Needs NxDI, which Neuron SDK 2.31 and earlier images ship (the hook is verified against NxDI 0.9;
-`nxdi-gptoss-fp8 env` says where your host stands). Install nxdi-gptoss-fp8, call
+Needs NxDI, which only Neuron SDK 2.27–2.31 images ship (the hook is verified against NxDI 0.9, SDK
+2.29; NxDI is not supported on Trn2/Trn3 since SDK 2.34.0 and stays in maintenance on Inf2/Trn1: see
+"Support window" below; `nxdi-gptoss-fp8 env` says where your host stands). Install nxdi-gptoss-fp8, call
 `nxdi_gptoss_fp8.register()` before NxDI loads weights (vLLM's NxDI-backed `vllm-neuron` does it
 through the package's plugin entry point), and give NxDI these NeuronConfig settings, with
 `quantized_checkpoints_path` set to where this directory is:
@@ -237,8 +238,8 @@ through the package's plugin entry point), and give NxDI these NeuronConfig sett
 
 `tp_degree` must divide the padded intermediate size {layout.padded_intermediate_size} ({_tp_degrees(layout.padded_intermediate_size)} do).
 
-With vLLM (the NxDI-backed `vllm-neuron`, run against its 0.1.0 and 0.2.0 loaders; Neuron SDK 2.31 or
-earlier images), from a local copy of this directory, compiled artifacts on persistent storage outside
+With vLLM (the NxDI-backed `vllm-neuron`, run against its 0.1.0 and 0.2.0 loaders; Neuron SDK 2.27–2.31
+images), from a local copy of this directory, compiled artifacts on persistent storage outside
 it, and Harmony's `o200k_base.tiktoken` in `TIKTOKEN_ENCODINGS_BASE`
 (`nxdi-gptoss-fp8 doctor -- vllm serve ...` checks all of it first):
 
