@@ -26,8 +26,8 @@ __all__ = [
     "OPTIONAL_METADATA", "PAD_MULTIPLE", "PICKLE_SUFFIXES", "PROFILES", "PROFILE_20B", "PROFILE_120B",
     "PROFILE_CUSTOM", "PROFILE_NAMES", "QUANTIZATION_DTYPE", "QUANTIZATION_TYPE", "QUANT_METHOD",
     "REQUIRED_METADATA", "ROPE_SCALING_HARD_CODED", "ROPE_SCALING_READ", "ROPE_TYPE", "SLIDING_ATTENTION",
-    "VERIFY_AT_LOAD_ATTR", "VERIFY_AT_LOAD_ENV", "WEIGHT_FILE_SUFFIXES", "ConfigFieldError", "Layout", "ModelDims",
-    "TensorSpec", "dims_from_config", "expected_namespace", "expected_total_size", "format_document_path",
+    "VERIFY_AT_LOAD_ATTR", "VERIFY_AT_LOAD_ENV", "WEIGHT_FILE_SUFFIXES", "ConfigFieldError", "Layout",
+    "ModelDims", "TensorSpec", "dims_from_config", "expected_namespace", "expected_total_size", "format_document_path",
     "format_document_ref", "global_specs", "hf_config", "index_metadata", "is_expert_scale", "layer_prefix",
     "layer_specs", "nxdi_layer_types", "profile_for_dims", "scale_key_for", "weight_key_for",
 ]
@@ -410,7 +410,7 @@ REQUIRED_METADATA: dict[str, type] = {
     "quantization_dtype": str,
     "fp8_max": float,
 }
-OPTIONAL_METADATA: dict[str, type] = {"shard_sha256": dict, "source": dict}
+OPTIONAL_METADATA: dict[str, type] = {"shard_sha256": dict, "source": dict, "target": str}
 
 
 def index_metadata(
@@ -419,8 +419,10 @@ def index_metadata(
     *,
     shard_sha256: Mapping[str, str] | None = None,
     source: Mapping[str, Any] | None = None,
+    target: str | None = None,
 ) -> dict[str, Any]:
-    """The index ``metadata`` object a writer emits for a checkpoint with this layout."""
+    """The index ``metadata`` object a writer emits for a checkpoint with this layout
+    (``target``: the ``targets.TARGETS`` name it was converted for, if any)."""
     metadata: dict[str, Any] = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -436,6 +438,8 @@ def index_metadata(
         metadata["shard_sha256"] = dict(shard_sha256)
     if source is not None:
         metadata["source"] = dict(source)
+    if target is not None:
+        metadata["target"] = target
     return metadata
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import format as fmt
 from . import recognize as rz
+from .targets import TARGETS
 from .units import format_bytes
 from .validate.findings import PreflightReport, printable
 from .validate.pipeline import preflight
@@ -97,6 +98,7 @@ class CheckpointSummary:
     tensors_by_dtype: dict[str, int] = field(default_factory=dict)
     dims: dict[str, int] | None = None
     padding: dict[str, list[int]] | None = None
+    target: str | None = None  # the conversion target the index records (metadata.target), if any
     companions: list[Companion] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,6 +109,7 @@ class CheckpointSummary:
             "profile": self.report.profile,
             "dims": self.dims,
             "padding": self.padding,
+            "target": self.target,
             "shards": [vars(s) for s in self.shards],
             "tensors_by_dtype": self.tensors_by_dtype,
             "bytes_by_dtype": self.bytes_by_dtype,
@@ -122,6 +125,9 @@ class CheckpointSummary:
             lines.append("padding     " + ", ".join(
                 f"{name} {base} -> {padded}" + ("" if base == padded else f" (+{padded - base})")
                 for name, (base, padded) in self.padding.items()))
+        if self.target is not None:
+            known = TARGETS.get(self.target)
+            lines.append(f"target      {self.target}" + ("" if known else " (unknown to this package)"))
         total_file = sum(s.file_size for s in self.shards)
         lines.append(f"shards      {len(self.shards)} files, {_human(total_file)} on disk")
         for shard in self.shards:
@@ -175,6 +181,8 @@ def inspect_checkpoint(path: str | os.PathLike[str], *, allow_custom_model: bool
             by_count[info.dtype] += 1
     summary.bytes_by_dtype, summary.tensors_by_dtype = dict(by_bytes), dict(by_count)
     summary.companions = companion_files(path)
+    target = view.metadata.get("target") if isinstance(view.metadata, dict) else None
+    summary.target = target if isinstance(target, str) else None
     if view.dims is not None:
         summary.dims = view.dims.as_dict()
     if view.layout is not None:

@@ -30,6 +30,7 @@ from . import other_formats
 from .safeio.files import file_kind, not_regular_reason
 from .safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from .safeio.safetensors_header import HeaderError, read_header
+from .targets import TARGETS
 
 MAX_ENTRIES = 10_000
 MAX_HEADERS = 4
@@ -314,6 +315,19 @@ def _weight_names(rec: Recognition, reader: _Reader, entries: Mapping[str, bool]
     return names, owner, f"the headers of {', '.join(read)}{more}"
 
 
+def _note_target(rec: Recognition, target: Any) -> None:
+    """Name the conversion target an index records (``metadata.target``), what it is for and who loads it."""
+    if target is None:
+        return
+    known = TARGETS.get(target) if isinstance(target, str) else None
+    if known is None:
+        rec.notes.append(f"{fmt.INDEX_FILE}: metadata.target {str(target)[:100]!r} is not a target this package knows "
+                         f"({', '.join(TARGETS)}): validate refuses it")
+        return
+    rec.evidence.append(f"{fmt.INDEX_FILE}: metadata.target = {known.name!r}")
+    rec.notes.append(f"converted for the target {known.name}: {known.purpose}; {known.status}")
+
+
 def _recognize_weights(rec: Recognition, reader: _Reader, entries: Mapping[str, bool],
                        config: Mapping[str, Any] | None) -> None:
     root = rec.path
@@ -328,6 +342,7 @@ def _recognize_weights(rec: Recognition, reader: _Reader, entries: Mapping[str, 
         if version != fmt.FORMAT_VERSION:
             rec.notes.append(f"this package reads format version {fmt.FORMAT_VERSION}; version {version!r} will be refused")
         rec.actions = [f"CHECKPOINT_FORMAT=normalized_fp8 loads it (check it first: `nxdi-gptoss-fp8 validate {root}`)"]
+        _note_target(rec, metadata.get("target"))
         _note_listed_shards(rec, reader, index)
         return
     found = _weight_names(rec, reader, entries)

@@ -10,7 +10,7 @@ the reason and the way forward; a version string that is no PEP 440 version too)
 Stdlib only.
 
 Which vLLM Neuron is installed matters most: the NxDI-backed one (``vllm-neuron`` 0.x, SDK
-≤ 2.31; before it, a vLLM built for Neuron) loads GPT-OSS through NxDI, so the hook works in
+2.27-2.31; before it, a vLLM built for Neuron) loads GPT-OSS through NxDI, so the hook works in
 it; the plugin introduced in SDK 2.31 (same distribution name, versions such as
 0.24.0.1.1.0 = vLLM 0.24.0 + plugin 1.1.0) does not use NxDI at all. ``vllm_neuron_kind``
 says how it is told apart (docs/supported-environments.md).
@@ -31,19 +31,30 @@ from ._version import __version__
 VERIFIED, EXPECTED, UNSUPPORTED, ABSENT = "verified", "expected to work", "unsupported", "not installed"
 NOT_USED = "not used"  # installed, but not on this package's path (vLLM without a Neuron plugin)
 
+# AWS's notices: NxDI/NxD inference in maintenance since Neuron SDK 2.30; final NxDI 0.10.18399 in 2.31;
+# 2026-10-16: end of support on Trn2/Trn3 announced for 2.34; 2026-11-17: not supported there from 2.34.0
+# (released 2026-11-30). The docs cite them (docs/supported-environments.md).
 SUPPORT_WINDOW = (
-    "NxDI support window: NxDI/NxD inference APIs are in maintenance since Neuron SDK 2.30; 2.31 shipped the "
-    "final NxDI 0.10.18399 / NxD 0.19.28492; 2.32 removed NxDI from the DLAMIs and DLCs (use a 2.31 or earlier "
-    "image); since Neuron SDK 2.34.0 (2026-11-30; AWS notice of 2026-11-17) NxDI and the NxD Core inference APIs "
-    "are no longer supported on Trn2/Trn3 (they stay in maintenance on Inf2/Trn1), and AWS recommends the vLLM "
-    "Neuron plugin, which does not use NxDI and runs GPT-OSS on Trn2 in BF16 only (MXFP4 on Trn3), with no FP8 "
-    "weight path for GPT-OSS"
+    "NxDI support window: since Neuron SDK 2.34.0 (2026-11-30; AWS notice of 2026-11-17) AWS no longer supports "
+    "NxDI and the NxD Core inference APIs on Trn2/Trn3 (no releases, fixes or security patches); on Inf2/Trn1 they "
+    "stay in maintenance (critical fixes and security patches only). The last NxDI is 0.10.18399 (SDK 2.31); the "
+    "2.32 and later images have none. Serving normalized FP8 with this package needs a Neuron SDK 2.27-2.31 image "
+    "(2.29 verified). On a 2.32 or later host (2.33.1, 2.34) convert, validate, inspect and goldens work, serving "
+    "this format does not: the vLLM Neuron plugin there runs on TorchNeuron without NxDI and serves GPT-OSS in BF16 "
+    "on Trn2 (MXFP4 on Trn3), with no FP8 weight path for GPT-OSS (docs/vllm-neuron-plugin.md)"
+)
+# the one-clause form, for warnings that say why the hook is not there
+SERVING_NEEDS = (
+    "serving normalized FP8 needs NxDI from a Neuron SDK 2.27-2.31 image (NxDI is not supported on Trn2/Trn3 since "
+    "Neuron SDK 2.34.0 and stays in maintenance on Inf2/Trn1)"
 )
 # what to do on a host without NxDI (the vLLM entry point's refusal says it)
 WITHOUT_NXDI = (
-    "normalized FP8 needs the NxDI-backed stack (NxDI with the NxDI-backed vllm-neuron 0.x: Neuron SDK 2.31 or "
-    "earlier images); on the newer vLLM Neuron plugin, which does not use NxDI, serve the published checkpoint "
-    "instead (vllm serve openai/gpt-oss-120b: BF16 on Trn2, MXFP4 on Trn3; it has no FP8 weight path for GPT-OSS)"
+    "normalized FP8 needs the NxDI-backed stack (NxDI with the NxDI-backed vllm-neuron 0.x: a Neuron SDK 2.27-2.31 "
+    "image; NxDI is not supported on Trn2/Trn3 since Neuron SDK 2.34.0 and stays in maintenance on Inf2/Trn1); on "
+    "the newer vLLM Neuron plugin, which does not use NxDI, serve the published checkpoint instead (vllm serve "
+    "openai/gpt-oss-120b: BF16 on Trn2, MXFP4 on Trn3; it has no FP8 weight path for GPT-OSS: "
+    "docs/vllm-neuron-plugin.md)"
 )
 
 # the vllm-project/vllm-neuron releases whose own model loader the client tests run through the hook
@@ -100,19 +111,20 @@ MATRIX: tuple[Rule, ...] = (
          "checks every signature it wraps and patches nothing if one differs",
          "NxDI before 0.7 has no GPT-OSS model, and no NxDI after 0.10.18399 exists",
          "use a Neuron SDK 2.27-2.31 image (2.29 is the verified one: NxDI 0.9.17334)",
-         "validate, inspect and convert work without it; loading through NxDI, vLLM and selfcheck need it "
-         "(Neuron SDK 2.31 or earlier images)"),
+         "convert, validate, inspect and goldens work without it; serving this format (NxDI, vLLM) and selfcheck "
+         "need it: a Neuron SDK 2.27-2.31 image (the 2.32 and later ones, 2.33.1 and 2.34 included, have no NxDI)"),
     Rule("NxD", "neuronx-distributed", ("==0.18.*",), (">=0.16,<0.20",),
          "the nxdi tests and selfcheck ran against the public NxD 0.18.0 source (SDK 2.29)",
          "the NxD releases paired with NxDI 0.7-0.10 (SDK 2.27-2.31; final 0.19.28492)",
          "not an NxD release paired with an NxDI that has GPT-OSS",
          "install the NxD that comes with your NxDI (same Neuron SDK release)",
          "NxDI needs it"),
-    Rule("torch-neuronx", "torch-neuronx", (), (">=2.5,<3",),
+    Rule("torch-neuronx", "torch-neuronx", (), (">=2.5,<2.10",),
          "",
          "what NxDI 0.7-0.10 require (0.9 and 0.10: 2.9.*); never run here (no Neuron device)",
-         "not a torch-neuronx that NxDI 0.7-0.10 accept",
-         "install the torch-neuronx of your Neuron SDK release (2.9.* for NxDI 0.9/0.10)",
+         "not a torch-neuronx that NxDI 0.7-0.10 accept (2.13.3/2.14.3 and later are TorchNeuron, the native backend "
+         "of Neuron SDK 2.33 and later that the vLLM Neuron plugin runs on: NxDI does not run on it)",
+         "use a Neuron SDK 2.27-2.31 image, whose torch-neuronx NxDI runs on (2.9.* for NxDI 0.9/0.10)",
          "needed on a Neuron host to run NxDI on a device"),
     Rule("neuronx-cc", "neuronx-cc", (), (">=2,<3",),
          "",
@@ -269,8 +281,9 @@ def vllm_neuron_kind(path: Sequence[str] | None = None) -> VllmNeuron:
        NxDI-backed; ``vllm_neuron/model/registry.py`` → the newer plugin (an editable install
        lists neither);
     3. the version: the newer plugin numbers itself vLLM's version followed by its own
-       (0.21.0.1.0.0, 0.24.0.1.1.0, 0.29.0.1.2.0: six numbers, or a plugin major of 1 or more);
-       the NxDI-backed plugin is 0.x with at most three numbers (0.1.0 … 0.5.0, 0.2.2+lts);
+       (0.21.0.1.0.0 in SDK 2.31, 0.24.0.1.1.0 in 2.32, 0.29.0.1.2.0 in 2.33, and so on in 2.33.1,
+       2.34 and later: six numbers, or a plugin major of 1 or more); the NxDI-backed plugin is 0.x
+       with at most three numbers (0.1.0 … 0.5.0, 0.5.3, 0.6.0, 0.2.2+lts);
     4. no plugin, but vLLM itself built for Neuron (a ``+neuron…`` local label, the fork and
        vLLM ≤ 0.9's own Neuron worker, which loaded through NxDI) → NxDI-backed.
     Anything else is unknown.
@@ -294,7 +307,7 @@ def vllm_neuron_kind(path: Sequence[str] | None = None) -> VllmNeuron:
             return VllmNeuron(WITHOUT_NXDI_KIND, name, version,
                               "its version is vLLM's followed by the plugin's (the plugin introduced in SDK 2.31)")
         if numbers and numbers[0] == 0 and len(numbers) <= 3:
-            return VllmNeuron(NXDI_BACKED, name, version, "a 0.x plugin version (the NxDI-backed plugin, SDK ≤ 2.31)")
+            return VllmNeuron(NXDI_BACKED, name, version, "a 0.x plugin version (the NxDI-backed plugin, SDK 2.27-2.31)")
         return VllmNeuron(UNKNOWN_KIND, name, version, "neither its metadata nor its version tells which kind")
     vllm = _distribution("vllm", path)
     if vllm is not None and "+neuron" in (vllm.version or "").lower():
@@ -340,11 +353,12 @@ def _vllm_rows(kind: VllmNeuron, vllm_version: str | None) -> list[Component]:
                            f"the newer plugin, which does not use NxDI ({kind.evidence}): the hook has nothing to "
                            "patch, so normalized FP8 cannot load through it",
                            "serve the published checkpoint on it (vllm serve openai/gpt-oss-120b: BF16 on Trn2, "
-                           "MXFP4 on Trn3); for FP8 use a Neuron SDK ≤ 2.31 image with NxDI and vllm-neuron 0.x")
+                           "MXFP4 on Trn3); for FP8 use a Neuron SDK 2.27-2.31 image with NxDI and vllm-neuron 0.x "
+                           "(NxDI is not supported on Trn2/Trn3 since SDK 2.34.0; docs/vllm-neuron-plugin.md)")
     elif kind.kind == UNKNOWN_KIND:
         plugin = Component("vLLM Neuron", plugin_name, kind.version, UNSUPPORTED,
                            f"cannot tell whether it uses NxDI: {kind.evidence}",
-                           "normalized FP8 needs the NxDI-backed vllm-neuron 0.x (Neuron SDK ≤ 2.31)")
+                           "normalized FP8 needs the NxDI-backed vllm-neuron 0.x (a Neuron SDK 2.27-2.31 image)")
     else:
         plugin = Component("vLLM Neuron", "vllm-neuron", None, ABSENT,
                            "only needed to serve with vLLM" if kind.kind is None
@@ -359,7 +373,7 @@ def _vllm_rows(kind: VllmNeuron, vllm_version: str | None) -> list[Component]:
         engine = Component("vLLM", "vllm", vllm_version, NOT_USED,
                            "no vLLM Neuron plugin is installed, so this vLLM runs on another platform (a GPU or CPU "
                            "host) and this package's hook is not used there: normalized FP8 loads only through NxDI "
-                           "on Neuron (with the NxDI-backed vllm-neuron 0.x, Neuron SDK ≤ 2.31)")
+                           "on Neuron (with the NxDI-backed vllm-neuron 0.x, a Neuron SDK 2.27-2.31 image)")
     else:
         engine = Component("vLLM", "vllm", vllm_version, plugin.status, f"served by {plugin_name} {kind.version}: "
                            "see the vLLM Neuron row", plugin.forward)
@@ -433,7 +447,7 @@ def warn_unverified_nxdi(logger: logging.Logger, module: Any = None) -> None:
                    verdict.reason, extra, SUPPORT_WINDOW)
 
 
-__all__ = ["ABSENT", "EXPECTED", "MATRIX", "NOT_USED", "NXDI_BACKED", "SUPPORT_WINDOW", "UNKNOWN_KIND", "UNSUPPORTED",
+__all__ = ["ABSENT", "EXPECTED", "MATRIX", "NOT_USED", "NXDI_BACKED", "SERVING_NEEDS", "SUPPORT_WINDOW", "UNKNOWN_KIND", "UNSUPPORTED",
            "VERIFIED", "VLLM_NEURON_RUN_AGAINST", "WITHOUT_NXDI", "WITHOUT_NXDI_KIND", "Component", "EnvironmentReport",
            "Rule", "Version", "VllmNeuron", "environment_report", "from_source", "matches", "nxdi_version",
            "parse_version", "release", "vllm_neuron_kind", "warn_unverified_nxdi"]

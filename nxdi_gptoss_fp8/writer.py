@@ -211,8 +211,10 @@ class CheckpointWriter:
         record_sha256: bool = True,
         extra_files: Mapping[str, str | os.PathLike[str]] | None = None,
         sparse: bool = False,
+        conversion_target: str | None = None,
     ) -> None:
         self.out = os.path.abspath(os.fspath(out))
+        self.conversion_target = conversion_target  # a format.TARGETS name, recorded as metadata.target
         self.sparse = sparse  # the caller leaves most bytes as holes (put_zeros): no free-space check
         self.layout, self.profile, self.config = layout, profile, dict(config)
         self.source = dict(source) if source is not None else None
@@ -264,7 +266,8 @@ class CheckpointWriter:
         files.update({name: bound for name, bound in self.reserved.items() if name not in self.text_files})
         files[fmt.CONFIG_FILE] = len(_json_text(self.config).encode("utf-8"))
         digests = dict.fromkeys(self.shard_names, "0" * 64) if self.record_sha256 else None
-        metadata = fmt.index_metadata(self.layout, self.profile, shard_sha256=digests, source=self.source)
+        metadata = fmt.index_metadata(self.layout, self.profile, shard_sha256=digests, source=self.source,
+                                      target=self.conversion_target)
         index = {"metadata": metadata, "weight_map": {name: planned.shard for name, planned in self._plan.items()}}
         files[fmt.INDEX_FILE] = len(_json_text(index).encode("utf-8")) + INDEX_SLACK
         return files
@@ -362,7 +365,8 @@ class CheckpointWriter:
             total = sum(os.path.getsize(path) for path in paths.values())
             with Progress(total, "sha256 shards", show=show_progress) as progress:
                 digests = hash_files(paths, workers=self.hash_workers, progress=progress.update)
-        metadata = fmt.index_metadata(self.layout, self.profile, shard_sha256=digests, source=self.source)
+        metadata = fmt.index_metadata(self.layout, self.profile, shard_sha256=digests, source=self.source,
+                                      target=self.conversion_target)
         weight_map = {name: planned.shard for name, planned in self._plan.items()}
         for name, source in self.extra_files.items():
             _copy_regular(source, os.path.join(self.tmp, name))

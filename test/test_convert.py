@@ -35,6 +35,7 @@ from nxdi_gptoss_fp8.synthetic.sources import (
     write_source,
 )
 from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
+from nxdi_gptoss_fp8.targets import TARGETS
 from nxdi_gptoss_fp8.validate.pipeline import preflight
 
 REPO = Path(__file__).resolve().parent.parent
@@ -678,3 +679,51 @@ def test_shards_are_hashed_by_as_many_threads_as_workers(mxfp4_source: Path, tmp
     monkeypatch.setattr(writer, "hash_files", counting)
     convert(mxfp4_source, tmp_path / "out", progress=False, workers=workers)
     assert seen == [threads]
+
+
+# --------------------------------------------------------------------------- named targets
+
+
+def test_the_nki_moe_target_pads_records_and_is_named(mxfp4_source: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    target = TARGETS["nki-moe"]
+    report = convert(mxfp4_source, tmp_path / "out", target="nki-moe", progress=False)
+    assert (report.padded_hidden_size, report.padded_intermediate_size, report.target) == (3072, 3072, "nki-moe")
+    metadata = json.loads((tmp_path / "out" / fmt.INDEX_FILE).read_text())["metadata"]
+    assert metadata["target"] == "nki-moe" and metadata["padded_hidden_size"] == metadata["padded_intermediate_size"] == 3072
+    checked = preflight(tmp_path / "out", allow_custom_model=True)
+    assert checked.ok and checked.target == "nki-moe" and "target nki-moe" in checked.render_text()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"| target | `nki-moe`: {target.purpose}; {target.status} |" in card
+    assert main(["inspect", str(tmp_path / "out"), "--allow-custom-model"]) == 0
+    shown = capsys.readouterr().out
+    assert "metadata.target = 'nki-moe'" in shown and "no released vLLM Neuron plugin" in shown
+    assert "target      nki-moe" in shown
+
+
+@pytest.mark.parametrize(("sizes", "refused"), [
+    ({"padded_hidden_size": 2880 + 64}, True), ({"padded_intermediate_size": 96}, True),
+    ({"padded_hidden_size": 3072, "padded_intermediate_size": 3072}, False),
+])
+def test_padded_sizes_beside_a_target_must_be_the_targets(mxfp4_source: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          sizes: dict[str, int], refused: bool) -> None:
+    from nxdi_gptoss_fp8.convert import plan
+
+    if not refused:
+        assert plan(mxfp4_source, tmp_path / "out", target="nki-moe", **sizes).target == "nki-moe"
+        return
+    with pytest.raises(ConversionError, match="contradicts it: drop one of the two"):
+        plan(mxfp4_source, tmp_path / "out", target="nki-moe", **sizes)
+    options = [f"--{key.replace('_', '-')}={value}" for key, value in sizes.items()]
+    assert main(["convert", str(mxfp4_source), str(tmp_path / "out"), "--target", "nki-moe", *options]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "target nki-moe sets" in error and not (tmp_path / "out").exists()
+
+
+def test_the_dry_run_says_what_the_target_is_for(mxfp4_source: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["convert", str(mxfp4_source), str(tmp_path / "out"), "--target", "nki-moe", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "H'=3072, I'=3072" in text and "target nki-moe: " + TARGETS["nki-moe"].purpose in text
+    assert "no released vLLM Neuron plugin loads" in text and not (tmp_path / "out").exists()

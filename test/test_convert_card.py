@@ -63,6 +63,11 @@ def test_the_card_of_a_hub_source(source: Path, tmp_path: Path) -> None:
     assert f"verify-conversion . --source openai/gpt-oss-20b --revision {COMMIT}" in body
     assert "hf upload-large-folder YOUR-ORG/gpt-oss-20b-normalized-fp8 . --repo-type=model" in body
     assert "resumable" in body and "`generation_config.json`, `tokenizer.json`" in body
+    # the support window as env states it: NxDI gone from Trn2/Trn3 since 2.34.0, serving needs 2.27-2.31
+    from nxdi_gptoss_fp8.support import SUPPORT_WINDOW
+
+    assert body.rstrip().endswith(SUPPORT_WINDOW + ".") and "only Neuron SDK 2.27–2.31 images ship" in body
+    assert "| target |" not in body  # no named target asked for
 
 
 @pytest.mark.parametrize("padding", [{}, {"padded_hidden_size": 96, "padded_intermediate_size": 128}])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,11 @@ SDK_229 = {"torch": "2.9.0", "transformers": "4.57.1", "neuronx-distributed-infe
 # a Neuron SDK 2.32 host: no NxDI, the newer plugin
 SDK_232 = {"torch": "2.9.0", "transformers": "4.57.1", "torch-neuronx": "2.9.0.2.15.32035",
            "neuronx-cc": "2.27.5334.0", "vllm": "0.24.0", "vllm-neuron": "0.24.0.1.1.0+e8242a9"}
+# a Neuron SDK 2.33.x Trn2 host: no NxDI, TorchNeuron (torch-neuronx 2.14.3.0), the newer plugin
+SDK_233 = {"torch": "2.14.0", "transformers": "4.57.1", "torch-neuronx": "2.14.3.0", "neuronx-cc": "2.28.7631.0",
+           "vllm": "0.29.0", "vllm-neuron": "0.29.0.1.2.0"}
+# a Neuron SDK 2.34 Trn2 host: the same kinds; a later plugin of the newer form (vLLM's version, then its own)
+SDK_234 = {**SDK_233, "vllm": "0.31.0", "vllm-neuron": "0.31.0.1.3.0"}
 
 
 def install(site: Path, name: str, version: str, *, requires: list[str] | None = None,
@@ -78,6 +84,30 @@ def test_a_sdk_232_host_is_told_why_and_what_to_do(tmp_path: Path) -> None:
     assert text.splitlines()[-1] == support.SUPPORT_WINDOW
 
 
+@pytest.mark.parametrize("host", [SDK_233, SDK_234], ids=["2.33.1", "2.34"])
+def test_a_host_after_nxdi_can_convert_and_validate_but_not_serve(tmp_path: Path, host: dict[str, str]) -> None:
+    report = support.environment_report(site_with(tmp_path, host), python_version="3.12.3")
+    found = statuses(report)
+    assert found["NxDI"] == found["NxD"] == support.ABSENT and not report.ok
+    assert found["vLLM Neuron"] == found["vLLM"] == found["torch-neuronx"] == support.UNSUPPORTED
+    assert report.vllm_neuron.kind == support.WITHOUT_NXDI_KIND
+    assert "TorchNeuron" in report.component("torch-neuronx").reason
+    assert "convert, validate, inspect and goldens work" in report.component("NxDI").reason
+    assert "2.27-2.31" in report.component("vLLM Neuron").forward and "2.34.0" in report.component("vLLM Neuron").forward
+
+
+def test_the_window_says_what_changed_with_2_34_in_the_present_tense() -> None:
+    window = support.SUPPORT_WINDOW
+    for words in ("since Neuron SDK 2.34.0 (2026-11-30; AWS notice of 2026-11-17)", "Trn2/Trn3", "Inf2/Trn1",
+                  "maintenance", "2.27-2.31", "convert, validate, inspect and goldens work", "serving this format does not"):
+        assert words in window, words
+    package = Path(support.__file__).resolve().parent
+    texts = [path.read_text(encoding="utf-8") for path in package.rglob("*.py")]
+    texts.append((package.parent / "docs" / "format.md").read_text(encoding="utf-8"))
+    for text in texts:  # support is over or goes on; nothing "ends" ahead
+        assert not re.search(r"\bends (with|after|in) (Neuron )?(SDK )?2\.34|will end", " ".join(text.split())), text[:80]
+
+
 @pytest.mark.parametrize(("packages", "component", "status", "words"), [
     ({"neuronx-distributed-inference": "0.10.18399"}, "NxDI", support.EXPECTED, "no public source"),
     ({"neuronx-distributed-inference": "0.8.16251"}, "NxDI", support.EXPECTED, "since 0.7"),
@@ -89,6 +119,8 @@ def test_a_sdk_232_host_is_told_why_and_what_to_do(tmp_path: Path) -> None:
     ({"transformers": "4.56.2"}, "transformers", support.EXPECTED, "4.55"),
     ({"torch": "2.0.1"}, "torch", support.UNSUPPORTED, "2.1 or later"),
     ({"torch-neuronx": "1.13.1.1.15.0"}, "torch-neuronx", support.UNSUPPORTED, "NxDI 0.7-0.10"),
+    ({"torch-neuronx": "2.9.0.2.15.32035"}, "torch-neuronx", support.EXPECTED, "NxDI 0.7-0.10"),
+    ({"torch-neuronx": "2.13.3.0"}, "torch-neuronx", support.UNSUPPORTED, "TorchNeuron"),
 ])
 def test_each_component_is_placed_in_the_matrix(tmp_path: Path, packages: dict[str, str], component: str,
                                                 status: str, words: str) -> None:
@@ -106,6 +138,8 @@ def test_python(tmp_path: Path, python: str, status: str) -> None:
 
 @pytest.mark.parametrize(("version", "kwargs", "kind", "evidence"), [
     ("0.5.0", {}, support.NXDI_BACKED, "0.x"),
+    ("0.5.3", {}, support.NXDI_BACKED, "0.x"),
+    ("0.6.0", {}, support.NXDI_BACKED, "0.x"),
     ("0.2.2+lts", {}, support.NXDI_BACKED, "0.x"),
     ("0.21.0.1.0.0+794754d", {}, support.WITHOUT_NXDI_KIND, "vLLM's followed by the plugin's"),
     ("0.29.0.1.2.0", {}, support.WITHOUT_NXDI_KIND, "vLLM's followed by the plugin's"),
@@ -132,6 +166,7 @@ def test_a_vllm_built_for_neuron_is_nxdi_backed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("version", "status"), [
     ("0.1.0", support.VERIFIED), ("0.2.0", support.VERIFIED), ("0.2.2+lts", support.EXPECTED), ("0.5.0", support.EXPECTED),
+    ("0.5.3", support.EXPECTED), ("0.6.0", support.EXPECTED),
 ])
 def test_the_vllm_neuron_releases_run_by_the_client_tests_are_verified(tmp_path: Path, version: str, status: str) -> None:
     install(tmp_path, "vllm-neuron", version)
@@ -244,6 +279,17 @@ def test_vllm_refusal_without_nxdi_says_what_to_serve(tmp_path: Path, monkeypatc
     assert "vllm serve openai/gpt-oss-120b" in message and "vllm-neuron 0.24.0.1.1.0+e8242a9" in message
 
 
+def test_vllm_without_nxdi_not_asked_warns_once_with_the_window(monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv(nxdi_hook.ENV_VAR, raising=False)
+    monkeypatch.setattr(nxdi_hook, "nxdi_available", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="nxdi_gptoss_fp8"):
+        vllm_plugin.register_plugin()
+    (record,) = [r for r in caplog.records if r.name.startswith("nxdi_gptoss_fp8")]
+    message = record.getMessage()
+    assert "\n" not in message and support.SERVING_NEEDS in message and "since Neuron SDK 2.34.0" in message
+
+
 @pytest.mark.parametrize(("version", "warned"), [("0.10.18399", True), ("0.9.17334", False), ("0.6.0", True)])
 def test_register_warns_once_outside_the_verified_nxdi(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, version: str, warned: bool,
@@ -259,6 +305,7 @@ def test_register_warns_once_outside_the_verified_nxdi(
     assert len(records) == (1 if warned else 0)
     if warned:
         assert version in records[0].getMessage() and "outside the verified set" in records[0].getMessage()
+        assert records[0].getMessage().endswith(support.SUPPORT_WINDOW)  # the window, with 2.34.0, in the warning
 
 
 @pytest.fixture

@@ -197,6 +197,9 @@ CASES: list[tuple[str, Mutation, str, dict[str, Any]]] = [
     ("index-empty-weight-map", lambda c: edit_index(c, lambda i: i.__setitem__("weight_map", {})), "index.empty_weight_map", {}),
     ("index-hf-metadata", lambda c: edit_index(c, lambda i: i.__setitem__("metadata", {"total_size": i["metadata"]["total_size"]})), "index.not_normalized", {}),
     ("index-unknown-profile", _metadata(lambda m: m.__setitem__("model_profile", "gpt-oss-70b")), "index.unknown_profile", {}),
+    ("index-unknown-target", _metadata(lambda m: m.__setitem__("target", "vllm-neuron-2")), "index.unknown_target", {}),
+    ("index-target-not-a-string", _metadata(lambda m: m.__setitem__("target", ["nki-moe"])), "index.wrong_metadata_type", {}),
+    ("index-target-other-sizes", _metadata(lambda m: m.__setitem__("target", "nki-moe")), "index.target_mismatch", {}),
     ("index-bad-digest", lambda c: edit_index(c, lambda i: i["metadata"].__setitem__("shard_sha256", {s: "abc" for s in shards(c)})), "index.bad_shard_sha256", {}),
     # header
     ("header-short-file", lambda c: _truncate_file(c, 5), "header.too_short", {}),

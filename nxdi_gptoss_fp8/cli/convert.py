@@ -57,13 +57,19 @@ class _PlanShown(Exception):
 def _cmd_convert(args: argparse.Namespace) -> int:
     _needs("", "torch", "safetensors")
     from ..convert import convert, plan, plan_from_hub
+    from ..convert.pipeline import target_sizes
     from ..errors import ConversionError
     from ..hub import companion_files
+
+    try:  # a target and padded sizes that contradict it: refused before anything is fetched
+        target_sizes(args.target, args.padded_hidden_size, args.padded_intermediate_size)
+    except ConversionError as exc:
+        raise UsageError(str(exc)) from None
 
     max_shard_size = _size(args.max_shard_size, "--max-shard-size")
     workers = _workers(args.workers)
     sizes = {"padded_hidden_size": args.padded_hidden_size, "padded_intermediate_size": args.padded_intermediate_size,
-             "max_shard_size": max_shard_size}
+             "max_shard_size": max_shard_size, "target": args.target}
     try:
         source = _resolve(args.src, args.revision, before_shards=lambda fetch: _plan_or_refuse(
             args, plan_from_hub(fetch, args.out, overwrite=args.overwrite, **sizes)))
@@ -106,6 +112,7 @@ def add_convert_command(commands: Any) -> None:
     convert.add_argument("--revision", metavar="R", help="Hub branch, tag or commit of a repo-id SRC (default main)")
     _add_output_options(convert, max_shard_size="5GB")
     _add_split_option(convert)
+    _add_target_option(convert)
     convert.add_argument("--dry-run", action="store_true",
                          help="print the plan and stop: the files read (for a Hub id, only those fetched, with their "
                               "sizes from the cache or the Hub's metadata), the shards written and their bytes, the "
@@ -173,6 +180,18 @@ def _add_workers_option(command: argparse.ArgumentParser, what: str) -> None:
                               "cgroup quota; one process for models under 1 GB); fewer, with a warning, when the "
                               "available memory cannot hold them, or more than one process per layer and 8 lanes "
                               "each would be needed. N is 1 … 1024. The result does not depend on N")
+
+
+def _add_target_option(command: argparse.ArgumentParser) -> None:
+    """``--target NAME``: a named geometry, a preset over the padded sizes (``format.TARGETS``)."""
+    from ..targets import TARGETS
+
+    described = "; ".join(f"{t.name}: padded sizes {t.padded_hidden_size}/{t.padded_intermediate_size}, {t.purpose} "
+                          f"({t.status})" for t in TARGETS.values())
+    command.add_argument("--target", choices=tuple(TARGETS), default=None,
+                         help=f"convert for a named geometry and record it in the index (metadata.target), which "
+                              f"inspect and validate name. {described}. --padded-hidden-size/--padded-intermediate-size "
+                              "may be given too only with the target's values (others are refused)")
 
 
 def _add_split_option(command: argparse.ArgumentParser) -> None:

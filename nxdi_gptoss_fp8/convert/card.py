@@ -23,6 +23,7 @@ from ..errors import NotRegularFileError
 from ..hub import is_repo_id
 from ..nxdi.recipes import neuron_config_keys, vllm_command
 from ..safeio.files import open_regular
+from ..targets import TARGETS
 from ..writer import CheckpointWriter
 from .output import ConversionReport
 from .source import Source
@@ -217,15 +218,16 @@ then zero-copy loading, with no conversion at load time.
 | format | `{fmt.FORMAT_NAME}` version {fmt.FORMAT_VERSION} ([docs/format.md](https://github.com/nxdi-gptoss-fp8/nxdi-gptoss-fp8/blob/main/docs/format.md)) |
 | source | {source_text}, {SOURCE_FORMATS.get(report.source_format, report.source_format)} |
 | converter | nxdi-gptoss-fp8 {__version__} (`nxdi-gptoss-fp8 convert`) |
-| padding | {padding} |
+| padding | {padding} |{_target_row(report.target)}
 | exactness | {report.exactness_text()} |
 | tensors | {report.tensors:,} tensors, {report.bytes_written:,} bytes ({report.fp8_bytes:,} FP8) |
 | companion files | {companions_text} |
 
 ## Load it with NxDI
 
-Needs NxDI, which Neuron SDK 2.31 and earlier images ship (the hook is verified against NxDI 0.9;
-`nxdi-gptoss-fp8 env` says where your host stands). Install nxdi-gptoss-fp8, call
+Needs NxDI, which only Neuron SDK 2.27–2.31 images ship (the hook is verified against NxDI 0.9, SDK
+2.29; NxDI is not supported on Trn2/Trn3 since SDK 2.34.0 and stays in maintenance on Inf2/Trn1: see
+"Support window" below; `nxdi-gptoss-fp8 env` says where your host stands). Install nxdi-gptoss-fp8, call
 `nxdi_gptoss_fp8.register()` before NxDI loads weights (vLLM's NxDI-backed `vllm-neuron` does it
 through the package's plugin entry point), and give NxDI these NeuronConfig settings, with
 `quantized_checkpoints_path` set to where this directory is:
@@ -236,8 +238,8 @@ through the package's plugin entry point), and give NxDI these NeuronConfig sett
 
 `tp_degree` must divide the padded intermediate size {layout.padded_intermediate_size} ({_tp_degrees(layout.padded_intermediate_size)} do).
 
-With vLLM (the NxDI-backed `vllm-neuron`, run against its 0.1.0 and 0.2.0 loaders; Neuron SDK 2.31 or
-earlier images), from a local copy of this directory, compiled artifacts on persistent storage outside
+With vLLM (the NxDI-backed `vllm-neuron`, run against its 0.1.0 and 0.2.0 loaders; Neuron SDK 2.27–2.31
+images), from a local copy of this directory, compiled artifacts on persistent storage outside
 it, and Harmony's `o200k_base.tiktoken` in `TIKTOKEN_ENCODINGS_BASE`
 (`nxdi-gptoss-fp8 doctor -- vllm serve ...` checks all of it first):
 
@@ -276,6 +278,14 @@ It uploads in resumable chunks: after an interruption, run the same command agai
     return front_matter(fields) + body
 
 
+def _target_row(target: str | None) -> str:
+    """The card's table row naming the conversion target: what it is for, who loads it."""
+    known = TARGETS.get(target) if target else None
+    if known is None:
+        return ""
+    return f"\n| target | `{known.name}`: {known.purpose}; {known.status} |"
+
+
 def _support_window() -> str:
     from ..support import SUPPORT_WINDOW
 
@@ -297,7 +307,7 @@ def card_size_bound(writer: CheckpointWriter, source: Source) -> int:
             padded_hidden_size=writer.layout.padded_hidden_size,
             padded_intermediate_size=writer.layout.padded_intermediate_size, layers=writer.layout.dims.num_hidden_layers,
             tensors=len(writer.planned), bytes_written=big, fp8_bytes=big, elapsed_s=0.0,
-            experts=[ExpertStats("bound", big, big, big, 1.23e-308, mean)])
+            experts=[ExpertStats("bound", big, big, big, 1.23e-308, mean)], target=writer.conversion_target)
         sizes.append(len(render_card(report, source, writer.layout, writer.source or {}, companions).encode("utf-8")))
     return max(sizes)
 

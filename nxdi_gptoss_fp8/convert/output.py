@@ -83,6 +83,7 @@ class ConversionReport:
     peak_rss_per_process: int = 0  # the largest peak RSS of any process that converted layers
     files: int = 0  # files the output holds (shards, config, index, card, companions)
     files_bytes: int = 0  # their bytes: what the plan's "write" total bounds
+    target: str | None = None  # the named conversion target (format.TARGETS), if any
 
     @property
     def fp8_values(self) -> int:
@@ -140,7 +141,8 @@ class ConversionReport:
         lines = [
             f"converted {self.source} ({self.source_format}) → {self.out}",
             f"  profile {self.profile}, {self.layers} layers, H'={self.padded_hidden_size}, "
-            f"I'={self.padded_intermediate_size}, {self.tensors} tensors",
+            f"I'={self.padded_intermediate_size}, {self.tensors} tensors"
+            + (f", target {self.target}" if self.target else ""),
             f"  {plural(self.files, 'file')}, {format_bytes(self.files_bytes)} ({self.files_bytes:,} bytes) written: "
             f"{format_bytes(self.bytes_written)} of tensor data ({format_bytes(self.fp8_bytes)} FP8), in "
             f"{self.elapsed_s:.1f} s ({rate:.0f} MB/s FP8)",

@@ -20,6 +20,7 @@ from .. import format as fmt
 from ..config_fields import config_field_problems
 from ..errors import ConversionError
 from ..progress import Progress
+from ..targets import TARGETS
 from ..writer import CheckpointWriter, parse_size
 from .card import CARD_FILE, card_size_bound, write_model_card
 from .kinds.base import SourceKind
@@ -126,13 +127,33 @@ def _padded(value: Any, label: str, base: int) -> int:
     return value
 
 
+def target_sizes(target: str | None, padded_hidden_size: int | None,
+                 padded_intermediate_size: int | None) -> tuple[int | None, int | None]:
+    """The padded sizes a conversion uses: a named target's (``format.TARGETS``), else those given.
+    A size given beside a target must equal the target's: a different one is refused."""
+    if target is None:
+        return padded_hidden_size, padded_intermediate_size
+    known = TARGETS.get(target)
+    if known is None:
+        raise ConversionError(f"unknown target {target!r}: use one of {', '.join(TARGETS)}")
+    for label, given, wanted in (("padded_hidden_size", padded_hidden_size, known.padded_hidden_size),
+                                 ("padded_intermediate_size", padded_intermediate_size, known.padded_intermediate_size)):
+        if given is not None and given != wanted:
+            raise ConversionError(f"target {target} sets {label}={wanted}; {label}={given!r} contradicts it: "
+                                  "drop one of the two")
+    return known.padded_hidden_size, known.padded_intermediate_size
+
+
 def plan_writer(source_config: Mapping[str, Any], dims: fmt.ModelDims, out: str | os.PathLike[str], *,
                 padded_hidden_size: int | None = None, padded_intermediate_size: int | None = None,
                 max_shard_size: str | int = "5GB", overwrite: bool = False,
                 source: Mapping[str, Any] | None = None,
-                extra_files: Mapping[str, str | os.PathLike[str]] | None = None) -> CheckpointWriter:
+                extra_files: Mapping[str, str | os.PathLike[str]] | None = None,
+                target: str | None = None) -> CheckpointWriter:
     """The output side of a conversion, planned and checked (nothing written yet): padded sizes
-    and the shard size within the format's bounds, OUT usable (``output_target.output_target``)."""
+    (a named ``target``'s, ``target_sizes``) and the shard size within the format's bounds, OUT
+    usable (``output_target.output_target``)."""
+    padded_hidden_size, padded_intermediate_size = target_sizes(target, padded_hidden_size, padded_intermediate_size)
     layout = fmt.Layout(dims, _padded(padded_hidden_size, "padded_hidden_size", dims.hidden_size),
                         _padded(padded_intermediate_size, "padded_intermediate_size", dims.intermediate_size))
     problems = layout.padding_problems()
@@ -152,7 +173,8 @@ def plan_writer(source_config: Mapping[str, Any], dims: fmt.ModelDims, out: str 
                               + ": the converted checkpoint would not pass validate; fix the source's config.json")
     return CheckpointWriter(os.path.abspath(os.fspath(out)), layout, fmt.profile_for_dims(dims),
                             config, max_shard_size=shard_bytes,
-                            source=source, overwrite=overwrite, extra_files=extra_files)
+                            source=source, overwrite=overwrite, extra_files=extra_files,
+                            conversion_target=target)
 
 
 def plan(
@@ -166,6 +188,7 @@ def plan(
     provenance: Mapping[str, Any] | None = None,
     extra_files: Mapping[str, str | os.PathLike[str]] | None = None,
     gate_up_split: str | None = None,
+    target: str | None = None,
 ) -> ConversionPlan:
     """What ``convert`` with the same arguments would read and write, where, whether it fits
     and its expected peak memory; writes nothing (``ConversionPlan.render_text`` / ``to_dict``).
@@ -173,20 +196,20 @@ def plan(
     return _prepare(src, out, padded_hidden_size=padded_hidden_size,
                     padded_intermediate_size=padded_intermediate_size, max_shard_size=max_shard_size,
                     overwrite=overwrite, provenance=provenance, extra_files=extra_files,
-                    gate_up_split=gate_up_split)[2]
+                    gate_up_split=gate_up_split, target=target)[2]
 
 
 def _prepare(src: str | os.PathLike[str], out: str | os.PathLike[str], *, padded_hidden_size: int | None,
              padded_intermediate_size: int | None, max_shard_size: str | int, overwrite: bool,
              provenance: Mapping[str, Any] | None, extra_files: Mapping[str, str | os.PathLike[str]] | None,
-             gate_up_split: str | None) -> tuple[Source, CheckpointWriter, ConversionPlan]:
+             gate_up_split: str | None, target: str | None = None) -> tuple[Source, CheckpointWriter, ConversionPlan]:
     source = open_source(src, gate_up_split=gate_up_split)
     out_path = os.path.abspath(os.fspath(out))
     _check_paths(source.root, out_path)
     writer = plan_writer(source.config, source.dims, out_path, padded_hidden_size=padded_hidden_size,
                          padded_intermediate_size=padded_intermediate_size, max_shard_size=max_shard_size,
                          overwrite=overwrite, source={**source.provenance(), **(provenance or {})},
-                         extra_files=extra_files)
+                         extra_files=extra_files, target=target)
     extras = {name: os.fspath(path) for name, path in (extra_files or {}).items()}
     reads = local_reads(source.root, source.tensors, extras)
     _reserve_card(writer, source)
@@ -202,7 +225,7 @@ def _reserve_card(writer: CheckpointWriter, source: Source) -> None:
 
 def plan_from_hub(fetch: Any, out: str | os.PathLike[str], *, padded_hidden_size: int | None = None,
                   padded_intermediate_size: int | None = None, max_shard_size: str | int = "5GB",
-                  overwrite: bool = False) -> ConversionPlan:
+                  overwrite: bool = False, target: str | None = None) -> ConversionPlan:
     """The plan of converting a Hub repo from its ``hub.FetchPlan`` (config, index and companions
     fetched; the shards' sizes from the cache or the Hub's metadata), before the shards move."""
     from ..hub import COMPANION_FILES, companion_files
@@ -222,7 +245,7 @@ def plan_from_hub(fetch: Any, out: str | os.PathLike[str], *, padded_hidden_size
     extras = companion_files(fetch.metadata_path)
     writer = plan_writer(config, dims, out, padded_hidden_size=padded_hidden_size,
                          padded_intermediate_size=padded_intermediate_size, max_shard_size=max_shard_size,
-                         overwrite=overwrite, source={}, extra_files=extras)
+                         overwrite=overwrite, source={}, extra_files=extras, target=target)
     reads = []
     for name in (fmt.CONFIG_FILE, fmt.INDEX_FILE, *COMPANION_FILES):
         path = os.path.join(fetch.metadata_path, name)
@@ -247,6 +270,7 @@ def convert(
     extra_files: Mapping[str, str | os.PathLike[str]] | None = None,
     gate_up_split: str | None = None,
     workers: int | None = None,
+    target: str | None = None,
 ) -> ConversionReport:
     """Convert the GPT-OSS checkpoint ``src`` (HF MXFP4, HF BF16 or compressed-tensors FP8) into a
     normalized FP8 checkpoint at ``out``.
@@ -258,6 +282,8 @@ def convert(
             mount point works) that is empty unless ``overwrite`` (then only an earlier output
             of this converter is replaced).
         padded_hidden_size / padded_intermediate_size: H' and I' (H or I plus a multiple of 32).
+        target: a named geometry (``format.TARGETS``, e.g. ``"nki-moe"``): its padded sizes, recorded
+            in the index as ``metadata.target``; a padded size given beside it must equal the target's.
         max_shard_size: largest shard, e.g. ``"5GB"``.
         progress: show progress on stderr: a bar on a terminal, a plain line every few seconds
             elsewhere (``progress.Progress``).
@@ -286,7 +312,7 @@ def convert(
     source, writer, planned = _prepare(
         src, out, padded_hidden_size=padded_hidden_size, padded_intermediate_size=padded_intermediate_size,
         max_shard_size=max_shard_size, overwrite=overwrite, provenance=provenance, extra_files=extra_files,
-        gate_up_split=gate_up_split)
+        gate_up_split=gate_up_split, target=target)
     planned.check()
     kind = source_kind(source)
     dims = source.dims
@@ -338,7 +364,7 @@ def convert(
             padded_hidden_size=layout.padded_hidden_size, padded_intermediate_size=layout.padded_intermediate_size,
             layers=dims.num_hidden_layers, tensors=len(writer.planned), bytes_written=output.bytes,
             fp8_bytes=output.fp8_bytes, elapsed_s=0.0, experts=stats, workers=plan.describe(),
-            peak_rss_per_process=process_peak,
+            peak_rss_per_process=process_peak, target=writer.conversion_target,
         )
         assert writer.source is not None
         writer.source["exactness"] = report.exactness_summary()

@@ -22,6 +22,7 @@ from typing import Any
 from .. import format as fmt
 from ..errors import ConversionError
 from ..output_target import free_bytes, space_needed
+from ..targets import TARGETS
 from ..units import format_bytes, plural
 from ..writer import CheckpointWriter
 from .fp8 import BLOCK_VALUES
@@ -83,6 +84,7 @@ class ConversionPlan:
     memory_total: int | None
     space: list[SpaceCheck] = field(default_factory=list)
     download_dir: str | None = None
+    target: str | None = None  # the named conversion target (format.TARGETS), if any
 
     @property
     def read_bytes(self) -> int:
@@ -133,6 +135,7 @@ class ConversionPlan:
         lines = [f"plan: convert {self.source} ({self.source_format or 'format known after the download'}) → {self.out}",
                  f"  profile {self.profile}, {self.layers} layers, H'={self.padded_hidden_size}, "
                  f"I'={self.padded_intermediate_size}",
+                 *_target_lines(self.target),
                  f"  read: {plural(len(self.reads), 'file')}, {format_bytes(self.read_bytes)}"
                  + ("" if all(f.cached is None for f in self.reads) else
                     f"; to download: {'unknown' if download is None else format_bytes(download)}"
@@ -154,6 +157,14 @@ class ConversionPlan:
         lines.append(f"  expected peak memory: {format_bytes(self.peak_memory)}{memory} (an upper estimate)")
         lines.append("  OK: the conversion fits" if self.ok else "  REFUSED: " + "; ".join(self.problems))
         return "\n".join(lines)
+
+
+def _target_lines(target: str | None) -> list[str]:
+    """What a named target is for and who loads it, for the plan's text."""
+    known = TARGETS.get(target) if target else None
+    if known is None:
+        return []
+    return [f"  target {known.name}: {known.purpose}", f"    {known.status}"]
 
 
 def peak_memory(kind: str, layout: fmt.Layout) -> int:
@@ -223,7 +234,7 @@ def plan_conversion(*, source: str, source_format: str | None, writer: Checkpoin
         padded_hidden_size=layout.padded_hidden_size, padded_intermediate_size=layout.padded_intermediate_size,
         reads=reads, shards=shards, files=files,
         peak_memory=peak_memory(source_format or "hf-mxfp4", layout), memory_total=_memory_total(),
-        space=list(needs.values()), download_dir=download_dir,
+        space=list(needs.values()), download_dir=download_dir, target=writer.conversion_target,
     )
 
 

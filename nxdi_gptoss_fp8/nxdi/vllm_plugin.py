@@ -92,7 +92,8 @@ def register_plugin() -> None:
     wanted = _requested()
     if not nxdi_hook.nxdi_available() and wanted is None:
         logger.warning("nxdi-gptoss-fp8: NxDI is not installed here, so the normalized FP8 hook is not installed; "
-                       "%s does not ask for it, so vLLM continues without it", nxdi_hook.ENV_VAR)
+                       "%s does not ask for it, so vLLM continues without it (%s)", nxdi_hook.ENV_VAR,
+                       support.SERVING_NEEDS)
         return
     try:
         _install()

@@ -111,6 +111,7 @@ class PreflightReport:
     path: str
     findings: list[Finding] = field(default_factory=list)
     profile: str | None = None
+    target: str | None = None  # the conversion target the index records (metadata.target), if any
     bytes_read: int = 0
     elapsed_s: float = 0.0
     shards: int = 0
@@ -208,6 +209,7 @@ class PreflightReport:
             "shards": self.shards,
             "tensors": self.tensors,
             "profile": self.profile,
+            **({"target": self.target} if self.target is not None else {}),
             "bytes_read": self.bytes_read,
             "elapsed_s": round(self.elapsed_s, 6),
         }
@@ -252,7 +254,8 @@ class PreflightReport:
             verdict = "VALID:"
         shown.append(
             f"{verdict} {self.path}: {plural(self.error_count, 'error')}, {plural(self.warning_count, 'warning')}; "
-            f"{plural(self.shards, 'shard')}, {plural(self.tensors, 'tensor')}, profile {self.profile or 'unknown'}; "
+            f"{plural(self.shards, 'shard')}, {plural(self.tensors, 'tensor')}, profile {self.profile or 'unknown'}"
+            f"{f', target {self.target}' if self.target is not None else ''}; "
             f"read {plural(self.bytes_read, 'byte')} in {format_duration(self.elapsed_s)}"
         )
         return "\n".join(map(printable, shown))

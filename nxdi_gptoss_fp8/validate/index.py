@@ -9,6 +9,7 @@ from typing import Any
 from .. import format as fmt
 from .. import other_formats
 from ..nxdi.config import bounded_int, describe
+from ..targets import TARGETS, target_problems
 from .directory import _read_json_file, _shard_name_problem
 from .findings import MAX_FINDINGS_PER_CODE, PreflightReport
 from .foreign import _foreign_advice
@@ -110,7 +111,8 @@ def _check_metadata_fields(view: CheckpointView, report: PreflightReport, metada
             report.add("index", "wrong_metadata_type", f"metadata field {key!r} is {value!r}, expected {kind.__name__}", file=name, key=f"metadata.{key}")
     for key, kind in fmt.OPTIONAL_METADATA.items():
         if key in metadata and type(metadata[key]) is not kind:
-            report.add("index", "wrong_metadata_type", f"metadata field {key!r} is a {type(metadata[key]).__name__}, expected an object", file=name, key=f"metadata.{key}")
+            expected = "an object" if kind is dict else "a string"
+            report.add("index", "wrong_metadata_type", f"metadata field {key!r} is a {type(metadata[key]).__name__}, expected {expected}", file=name, key=f"metadata.{key}")
     expected_values = {
         "format": fmt.FORMAT_NAME,
         "format_version": fmt.FORMAT_VERSION,
@@ -133,6 +135,7 @@ def _check_metadata_fields(view: CheckpointView, report: PreflightReport, metada
         value = metadata.get(key)
         if type(value) is int and bounded_int(value) is None:
             report.add("index", "out_of_range", f"metadata field {key!r} is {describe(value)}, not an integer in 1 … 2^31", file=name, key=f"metadata.{key}")
+    _check_target(report, metadata)
     digests = metadata.get("shard_sha256")
     if isinstance(digests, dict):
         shards = set(view.weight_map.values())
@@ -146,3 +149,18 @@ def _check_metadata_fields(view: CheckpointView, report: PreflightReport, metada
                 report.add("index", "bad_shard_sha256", f"shard_sha256[{shard!r}] is not a lowercase hex SHA-256", file=name, key="metadata.shard_sha256")
         for shard in sorted(shards - digests.keys()):
             report.add("index", "bad_shard_sha256", f"shard_sha256 has no digest for {shard!r}", file=name, key="metadata.shard_sha256")
+
+
+def _check_target(report: PreflightReport, metadata: dict[str, Any]) -> None:
+    """``metadata.target`` (optional: checkpoints written before it have none) names a known
+    conversion target whose padded sizes the index records."""
+    target = metadata.get("target")
+    if type(target) is not str:
+        return
+    hidden, intermediate = metadata.get("padded_hidden_size"), metadata.get("padded_intermediate_size")
+    if target not in TARGETS:
+        report.add("index", "unknown_target", f"{target_problems(target, 0, 0)[0][:300]}: convert again with a known "
+                   "--target, or remove the field", file=fmt.INDEX_FILE, key="metadata.target")
+    elif type(hidden) is int and type(intermediate) is int and (problems := target_problems(target, hidden, intermediate)):
+        report.add("index", "target_mismatch", f"{problems[0]}: the index contradicts itself; convert again with "
+                   f"--target {target}", file=fmt.INDEX_FILE, key="metadata.target")

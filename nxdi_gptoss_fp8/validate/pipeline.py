@@ -173,6 +173,7 @@ def _run_checks(root: str, *, neuron_config: Any, inference_config: Any, allow_c
         if neuron_config is not None:
             check_neuron_config(view, report, neuron_config)
     report.profile = view.metadata.get("model_profile") if isinstance(view.metadata.get("model_profile"), str) else None
+    report.target = view.metadata["target"][:200] if isinstance(view.metadata.get("target"), str) else None
     report.shards = len(view.headers)
     report.tensors = len(view.locations)
     report.checked = seal(

@@ -454,6 +454,11 @@ def _(ck: Ckpt) -> None:
     ck.edit_metadata(model_profile="gpt-oss-200b")
 
 
+@case("index_unknown_target", "index", code="index.unknown_target")
+def _(ck: Ckpt) -> None:
+    ck.edit_metadata(target="torchneuron")
+
+
 @case("index_total_size_wrong", "index", sync=False, code="index.total_size_mismatch")
 def _(ck: Ckpt) -> None:
     ck.edit_metadata(total_size=ck.index["metadata"]["total_size"] + 2)
