@@ -1,4 +1,4 @@
-"""What the host offers (``host``): the CPUs a cgroup quota allows, and the memory left under
+"""What the host offers (``machine``): the CPUs a cgroup quota allows, and the memory left under
 MemAvailable or the memory cgroup, read from a made-up /proc and /sys/fs/cgroup."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nxdi_gptoss_fp8 import host
+from nxdi_gptoss_fp8 import machine
 
 
 def _fake_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, files: dict[str, str]) -> None:
@@ -16,8 +16,8 @@ def _fake_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, files: dict[str,
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    monkeypatch.setattr(host, "_PROC", str(tmp_path / "proc"))
-    monkeypatch.setattr(host, "_CGROUP", str(tmp_path / "cgroup"))
+    monkeypatch.setattr(machine, "_PROC", str(tmp_path / "proc"))
+    monkeypatch.setattr(machine, "_CGROUP", str(tmp_path / "cgroup"))
 
 
 @pytest.mark.parametrize("files, expected", [
@@ -33,7 +33,7 @@ def test_the_cgroup_cpu_quota_bounds_the_cpus(monkeypatch: pytest.MonkeyPatch, t
                                               files: dict[str, str], expected: int | None) -> None:
     _fake_host(monkeypatch, tmp_path, files)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    cpus, why = host.host_cpus()
+    cpus, why = machine.host_cpus()
     assert cpus == (expected or 4)
     assert ("quota" in why) == (expected is not None)
 
@@ -54,5 +54,5 @@ def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup(monkeypatch: 
                                                                   files: dict[str, str], expected: int | None,
                                                                   where: str) -> None:
     _fake_host(monkeypatch, tmp_path, files)
-    available, why = host.available_memory()
+    available, why = machine.available_memory()
     assert available == expected and where in why
