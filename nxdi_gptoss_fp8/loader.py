@@ -39,6 +39,7 @@ import torch
 
 from . import format as fmt
 from .errors import FailedReportError, IntegrityError, LoadError, ReportBindingError
+from .machine import usable_cpus
 from .nxdi.config import config_attr, neuron_config_view, parse_load_mode, parse_verify_at_load
 from .safeio.files import FileIdentity
 from .safeio.hashing import hash_buffers
@@ -489,7 +490,7 @@ def verify_loaded(view: CheckpointView, mappings: Mapping[str, mmap.mmap]) -> in
     if missing:
         raise IntegrityError(f"{fmt.INDEX_FILE} metadata.{DIGESTS_KEY} has no digest for {missing[0]}: "
                              "re-write the checkpoint with digests, or turn verification off")
-    actual = hash_buffers(mappings, workers=min(len(mappings), os.cpu_count() or 1))
+    actual = hash_buffers(mappings, workers=min(len(mappings), usable_cpus()))
     for shard in sorted(mappings):
         if actual[shard] != digests[shard]:
             raise IntegrityError(f"{shard}: the loaded bytes have SHA-256 {actual[shard]}, the index records "

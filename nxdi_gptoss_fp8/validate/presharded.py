@@ -43,6 +43,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import IntegrityError, NotRegularFileError, ShardedWeightsError
+from ..machine import usable_cpus
 from ..nxdi.config import config_attr, neuron_config_view
 from ..progress import Progress
 from ..safeio.files import FileIdentity
@@ -61,7 +62,6 @@ from .presharded_manifest import (
     ManifestError,
     Source,
     fix_reshard,
-    hash_workers,
     manifest_path,
     rank_file,
     read_manifest,
@@ -349,7 +349,7 @@ def _verify_digests(check: ShardedCheck, manifest: Manifest, weights: str, worke
     started = time.perf_counter()
     try:
         with Progress(total, "sha256 pre-sharded weights", show=progress) as shown:
-            actual = hash_files(paths, workers=workers or hash_workers(), progress=shown.update)
+            actual = hash_files(paths, workers=workers or usable_cpus(), progress=shown.update)
     except OSError as exc:
         check.add("unreadable", f"cannot hash {exc.filename}: {exc.strerror or exc}", file=exc.filename)
         return

@@ -26,6 +26,7 @@ from typing import Any
 from .. import format as fmt
 from .._version import __version__
 from ..errors import IntegrityError
+from ..machine import usable_cpus
 from ..nxdi.config import config_attr, neuron_config_view
 from ..progress import Progress
 from ..safeio.files import FileIdentity, open_regular
@@ -39,7 +40,7 @@ from .integrity import DIGESTS_KEY
 __all__ = [
     "MANIFEST_FILE", "MANIFEST_FORMAT", "MANIFEST_VERSION", "MAX_MANIFEST_BYTES", "MAX_RANKS", "MAX_SAMPLE_BLOCKS",
     "RANK_FILE", "SAMPLE_BLOCK", "SAMPLE_BLOCKS", "SHARD_SETTINGS", "WEIGHTS_DIR", "HeaderCache", "Manifest",
-    "ManifestError", "RankEntry", "RankRead", "Source", "fix_reshard", "hash_workers", "manifest_path", "rank_file",
+    "ManifestError", "RankEntry", "RankRead", "Source", "fix_reshard", "manifest_path", "rank_file",
     "read_manifest", "read_rank", "remove_manifest", "sample_offsets", "shard_settings", "source_fingerprint",
     "write_manifest",
 ]
@@ -356,13 +357,6 @@ class HeaderCache:
 # --------------------------------------------------------------------------- writing
 
 
-def hash_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
-
-
 def write_manifest(compiled_dir: str, *, ranks: Iterable[int], config: Any, sources: Sequence[Source],
                    workers: int | None = None, progress: bool | None = None) -> Manifest:
     """Hash the rank files NxDI just wrote and record them, atomically, in the manifest.
@@ -384,7 +378,7 @@ def write_manifest(compiled_dir: str, *, ranks: Iterable[int], config: Any, sour
                                  "no manifest was written: shard again") from None
     total = sum(os.stat(path).st_size for path in paths.values())
     with Progress(total, "sha256 pre-sharded weights", show=progress) as shown:
-        digests = hash_files(paths, workers=workers or hash_workers(), progress=shown.update)
+        digests = hash_files(paths, workers=workers or usable_cpus(), progress=shown.update)
     blocks = SAMPLE_BLOCKS
     while True:
         samples = {int(rank): read_rank(path, blocks, SAMPLE_BLOCK).sample_sha256 for rank, path in paths.items()}
