@@ -274,6 +274,16 @@ def test_the_fingerprint_tells_each_part_of_another_source(mxfp4_source: Path, t
     assert [name for name in FINGERPRINT_FIELDS if before[name] != after[name]] == [part]
 
 
+def test_a_config_above_the_json_limit_is_refused_not_fingerprinted_in_part(mxfp4_source: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(mxfp4_source, other)
+    size = (other / fmt.CONFIG_FILE).stat().st_size
+    monkeypatch.setattr("nxdi_gptoss_fp8.convert.source.MAX_JSON_FILE_BYTES", size - 1)
+    with pytest.raises(ConversionError, match=f"cannot fingerprint the source at .*{size:,} bytes, above the"):
+        source_fingerprint(str(other), sorted(str(p) for p in other.glob("*.safetensors")))
+
+
 # --------------------------------------------------------------------------- wrong sources
 
 

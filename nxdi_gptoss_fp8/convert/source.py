@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import format as fmt
 from .._version import __version__
-from ..errors import ConversionError, NotRegularFileError
-from ..safeio.files import not_regular_reason, open_regular
+from ..errors import ConversionError, FileTooLargeError, NotRegularFileError
+from ..safeio.files import not_regular_reason, read_bounded
 from ..safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from ..safeio.safetensors_header import HeaderError, TensorInfo, read_header
 
@@ -126,15 +126,14 @@ def source_fingerprint(root: str, shard_paths: list[str]) -> dict[str, str]:
 
     config_path = os.path.join(root, fmt.CONFIG_FILE)
     try:
-        with open_regular(config_path) as handle:
-            config = hashlib.sha256(handle.read(MAX_JSON_FILE_BYTES + 1)).hexdigest()
+        config = hashlib.sha256(read_bounded(config_path, MAX_JSON_FILE_BYTES)[0]).hexdigest()
         headers, samples = hashlib.sha256(), hashlib.sha256()
         for path in shard_paths:
             read = read_rank(path, SAMPLE_BLOCKS, SAMPLE_BLOCK)
             name = os.path.basename(path)
             headers.update(f"{name}\0{hashlib.sha256(read.header).hexdigest()}\n".encode())
             samples.update(f"{name}\0{read.sample_sha256}\n".encode())
-    except (OSError, NotRegularFileError, HeaderError) as exc:
+    except (OSError, NotRegularFileError, HeaderError, FileTooLargeError) as exc:
         raise ConversionError(f"cannot fingerprint the source at {root}: {getattr(exc, 'strerror', None) or exc}") from None
     return {"config_sha256": config, "headers_sha256": headers.hexdigest(), "samples_sha256": samples.hexdigest()}
 

@@ -25,14 +25,14 @@ from typing import Any
 
 from .. import format as fmt
 from .._version import __version__
-from ..errors import IntegrityError
+from ..errors import FileTooLargeError, IntegrityError
 from ..machine import usable_cpus
 from ..nxdi.config import config_attr, neuron_config_view
 from ..progress import Progress
-from ..safeio.files import FileIdentity, open_regular
+from ..safeio.files import FileIdentity, open_regular, read_bounded
 from ..safeio.hashing import hash_files
 from ..safeio.json_file import JsonFileError, read_json_file
-from ..safeio.safetensors_header import MAX_HEADER_SIZE, PREFIX_SIZE, HeaderError, parse_header_bytes
+from ..safeio.safetensors_header import PREFIX_SIZE, HeaderError, parse_header_bytes, read_header_bytes
 from ..safeio.strict_json import JsonError, parse_json_strict
 from .findings import printable
 from .integrity import DIGESTS_KEY
@@ -113,11 +113,10 @@ def shard_settings(config: Any) -> dict[str, Any]:
 
 
 def _read_bounded(path: str, limit: int) -> bytes:
-    with open_regular(path) as handle:
-        raw = handle.read(limit + 1)
-    if len(raw) > limit:
-        raise IntegrityError(f"{path} is larger than {limit:,} bytes: not read")
-    return raw
+    try:
+        return read_bounded(path, limit)[0]
+    except FileTooLargeError:
+        raise IntegrityError(f"{path} is larger than {limit:,} bytes: not read") from None
 
 
 def source_fingerprint(checkpoint_dir: str) -> dict[str, Any]:
@@ -324,15 +323,9 @@ def read_rank(path: str, blocks: int, block_size: int) -> RankRead:
     with open_regular(path, buffering=0) as handle:
         fd = handle.fileno()
         identity = FileIdentity.of(os.fstat(fd))
-        prefix = os.pread(fd, PREFIX_SIZE, 0)
-        if len(prefix) < PREFIX_SIZE:
-            raise HeaderError("too_short", f"file is {identity.size} bytes, shorter than the 8-byte length prefix")
-        length = int.from_bytes(prefix, "little")
-        if length > MAX_HEADER_SIZE or PREFIX_SIZE + length > identity.size:
-            raise HeaderError("header_beyond_file", f"header length {length:,} does not fit the {identity.size:,}-byte file")
-        header = os.pread(fd, length, PREFIX_SIZE)
+        header = read_header_bytes(handle, identity.size)
         digest = hashlib.sha256()
-        for offset, count in sample_offsets(identity.size, PREFIX_SIZE + length, blocks, block_size):
+        for offset, count in sample_offsets(identity.size, PREFIX_SIZE + len(header), blocks, block_size):
             digest.update(os.pread(fd, count, offset))
     return RankRead(identity, header, digest.hexdigest())
 
