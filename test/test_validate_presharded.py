@@ -66,7 +66,7 @@ def test_compile_writes_a_manifest_of_exactly_the_written_rank_files(scene: case
     assert manifest.ranks[0].header_sha256 == manifest.ranks[1].header_sha256  # every rank's header alike
     assert manifest.ranks[0].sample_sha256 != manifest.ranks[1].sample_sha256  # the sampled data are not
     assert [s.path for s in manifest.sources] == [str(scene.ckpt.resolve())]
-    assert manifest.sources[0].fingerprint == pm.source_fingerprint(str(scene.ckpt))
+    assert manifest.sources[0].fingerprint == pm.checkpoint_identity(str(scene.ckpt))
     assert manifest.settings["tp_degree"] == 2 and manifest.settings["torch_dtype"] == "bfloat16"
     assert manifest.settings["modules_to_not_convert"] == ["lm_head", "self_attn"]
     assert not [p for p in scene.weights.iterdir() if p.name.startswith(".")]  # no temporary left

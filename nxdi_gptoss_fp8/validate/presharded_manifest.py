@@ -3,7 +3,7 @@
 ``write_manifest`` (after NxDI's ``shard_weights``, in normalized mode) records, atomically and
 last, every rank file's size, header SHA-256, a sample digest and whole-file SHA-256 (hashed in
 parallel), the NeuronConfig settings that change what the shards hold (``shard_settings``), and
-the source checkpoint's path and fingerprint (``source_fingerprint``). ``read_manifest`` reads it
+the source checkpoint's path and fingerprint (``checkpoint_identity``). ``read_manifest`` reads it
 back strictly (``ManifestError``). The check against the files on disk is ``validate.presharded``;
 the two share the rank-file reader here (``read_rank``, ``sample_offsets``). The writer checks
 that the samples tell apart every two ranks whose bytes differ, doubling the blocks until they
@@ -38,10 +38,32 @@ from .findings import printable
 from .integrity import DIGESTS_KEY
 
 __all__ = [
-    "MANIFEST_FILE", "MANIFEST_FORMAT", "MANIFEST_VERSION", "MAX_MANIFEST_BYTES", "MAX_RANKS", "MAX_SAMPLE_BLOCKS",
-    "RANK_FILE", "SAMPLE_BLOCK", "SAMPLE_BLOCKS", "SHARD_SETTINGS", "WEIGHTS_DIR", "HeaderCache", "Manifest",
-    "ManifestError", "RankEntry", "RankRead", "Source", "fix_reshard", "manifest_path", "rank_file",
-    "read_manifest", "read_rank", "remove_manifest", "sample_offsets", "shard_settings", "source_fingerprint",
+    "MANIFEST_FILE",
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "MAX_MANIFEST_BYTES",
+    "MAX_RANKS",
+    "MAX_SAMPLE_BLOCKS",
+    "RANK_FILE",
+    "SAMPLE_BLOCK",
+    "SAMPLE_BLOCKS",
+    "SHARD_SETTINGS",
+    "WEIGHTS_DIR",
+    "HeaderCache",
+    "Manifest",
+    "ManifestError",
+    "RankEntry",
+    "RankRead",
+    "Source",
+    "checkpoint_identity",
+    "fix_reshard",
+    "manifest_path",
+    "rank_file",
+    "read_manifest",
+    "read_rank",
+    "remove_manifest",
+    "sample_offsets",
+    "shard_settings",
     "write_manifest",
 ]
 
@@ -119,9 +141,10 @@ def _read_bounded(path: str, limit: int) -> bytes:
         raise IntegrityError(f"{path} is larger than {limit:,} bytes: not read") from None
 
 
-def source_fingerprint(checkpoint_dir: str) -> dict[str, Any]:
-    """SHA-256 of a checkpoint's index and ``config.json``, and the index's ``shard_sha256`` map
-    (None when it records none). ``OSError`` / ``IntegrityError`` when they cannot be read."""
+def checkpoint_identity(checkpoint_dir: str) -> dict[str, Any]:
+    """What identifies the normalized checkpoint a set of shards was loaded from (not the
+    converter's ``provenance_fingerprint`` of a source): SHA-256 of its index and ``config.json``,
+    and the index's ``shard_sha256`` map (None when it records none). ``OSError`` / ``IntegrityError`` when they cannot be read."""
     index_raw = _read_bounded(os.path.join(checkpoint_dir, fmt.INDEX_FILE), MAX_MANIFEST_BYTES * 4)
     config_raw = _read_bounded(os.path.join(checkpoint_dir, fmt.CONFIG_FILE), MAX_MANIFEST_BYTES)
     digests = None
