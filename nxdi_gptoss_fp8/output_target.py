@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from . import format as fmt
 from .errors import ConversionError, OutputWriteError
 from .safeio.json_file import JsonFileError, read_json_file
-from .units import format_bytes
-from .validate.findings import printable
+from .units import format_bytes, printable
 
 __all__ = [
     "DIRECTORY_BLOCKS", "NORMALIZED", "OUTPUT_SIDE_FILES", "SOURCE", "SOURCE_KINDS", "OutputTarget", "block_size",

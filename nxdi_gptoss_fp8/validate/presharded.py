@@ -49,8 +49,8 @@ from ..progress import Progress
 from ..safeio.files import FileIdentity
 from ..safeio.hashing import hash_files
 from ..safeio.safetensors_header import HeaderError
-from ..units import format_bytes, format_duration, plural
-from .findings import PreflightReport, Severity, printable
+from ..units import format_bytes, format_duration, plural, printable
+from .findings import PreflightReport, Severity
 from .presharded_manifest import (
     MANIFEST_FILE,
     MAX_RANKS,

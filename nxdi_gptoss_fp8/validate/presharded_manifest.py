@@ -34,7 +34,7 @@ from ..safeio.hashing import hash_files
 from ..safeio.json_file import JsonFileError, read_json_file
 from ..safeio.safetensors_header import PREFIX_SIZE, HeaderError, parse_header_bytes, read_header_bytes
 from ..safeio.strict_json import JsonError, parse_json_strict
-from .findings import printable
+from ..units import printable
 from .integrity import DIGESTS_KEY
 
 __all__ = [
