@@ -446,7 +446,7 @@ def test_source_is_never_modified_and_pickles_never_opened(mxfp4_source: Path, t
 
     monkeypatch.setattr(torch, "load", refuse)
     convert(mxfp4_source, tmp_path / "out", progress=False)
-    from nxdi_gptoss_fp8.verify import verify_conversion
+    from nxdi_gptoss_fp8.convert.verify import verify_conversion
 
     assert verify_conversion(tmp_path / "out", mxfp4_source).ok
     assert tree_digest(mxfp4_source) == before

@@ -18,13 +18,13 @@ MAX_LINES = 500
 LONG_MODULES = {
     f"{PKG}.loader": "one load path: binding checks, mapping, runtime-derived entries share one state",
     f"{PKG}.recognize": "one decision table over every checkpoint kind; split, the order of the rules hides",
-    f"{PKG}.verify": "one verifier walking source and output in step; the strategies share its buffers",
+    f"{PKG}.convert.verify": "one verifier walking source and output in step; the strategies share its buffers",
 }
 # stdlib tiers: never torch/numpy at module level, never a torch or NxDI tier
 STDLIB_TIERS = (f"{PKG}.safeio", f"{PKG}.validate")
 HEAVY = {"torch", "numpy", "safetensors", "transformers", "neuronx_distributed_inference", "neuronx_distributed"}
 ABOVE_STDLIB = tuple(f"{PKG}.{m}" for m in ("convert", "forward", "synthetic", "cli", "loader", "nxdi.hook", "nxdi.presharded",
-                                             "nxdi.vllm_plugin", "verify", "hub", "demo", "inspection"))
+                                             "nxdi.vllm_plugin", "hub", "demo", "inspection"))
 # numpy, optional, tried at import (``deep_scan.np`` is None without it: ``--deep`` then says so)
 HEAVY_ALLOWED = {(f"{PKG}.validate.deep_scan", "numpy")}
 

@@ -30,8 +30,12 @@ from typing import Any
 
 import torch
 
-from . import format as fmt
-from .convert import (
+from .. import format as fmt
+from ..errors import ConversionError
+from ..hub import is_repo_id
+from ..progress import Progress
+from ..validate.pipeline import preflight
+from . import (
     SOURCE_BF16,
     SOURCE_COMPRESSED_TENSORS,
     Source,
@@ -41,15 +45,11 @@ from .convert import (
     open_source,
     source_kind,
 )
-from .convert.fp8 import FP8_DTYPE, fp8_values
-from .convert.kinds.base import ExpertRows
-from .convert.output import single_threaded_torch
-from .convert.source import FINGERPRINT_FIELDS, FINGERPRINT_PARTS, read_json
-from .convert.workers import LayerPool, peak_rss, plan_workers, refuse_in_worker_start
-from .errors import ConversionError
-from .hub import is_repo_id
-from .progress import Progress
-from .validate.pipeline import preflight
+from .fp8 import FP8_DTYPE, fp8_values
+from .kinds.base import ExpertRows
+from .output import single_threaded_torch
+from .source import FINGERPRINT_FIELDS, FINGERPRINT_PARTS, read_json
+from .workers import LayerPool, peak_rss, plan_workers, refuse_in_worker_start
 
 __all__ = [
     "BOUND_TEXT", "LANES", "MAX_PROBLEMS", "RELATIVE_STEP", "SLACK", "SUBNORMAL_STEP", "ExpertResult", "LayerRow",

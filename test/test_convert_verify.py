@@ -15,10 +15,10 @@ from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import mxfp4, output
 from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
+from nxdi_gptoss_fp8.convert.verify import _nonzero, verify_conversion
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.safeio.safetensors_header import read_header
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
-from nxdi_gptoss_fp8.verify import _nonzero, verify_conversion
 
 conversion_place_gate_up = conversion.place_gate_up
 
@@ -182,7 +182,7 @@ def test_byte_comparison_doubles_every_byte_within_240() -> None:
     """Stored byte doubled by integer ops == the E4M3 byte of twice its value, for every byte
     whose double E4M3 holds (up to ±224; the source is E4M3 too); a scale that is neither the source's nor twice it leaves the bytes uncompared."""
     from nxdi_gptoss_fp8.convert.fp8 import FP8_DTYPE
-    from nxdi_gptoss_fp8.verify import _byte_mismatches
+    from nxdi_gptoss_fp8.convert.verify import _byte_mismatches
 
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     codes = codes[(codes & 0x7F) <= 0x76].unsqueeze(0)
@@ -255,7 +255,7 @@ def _requantized_expert(case: str) -> tuple[object, torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("case", ["clean", "zeros-and-wide", "representable", "one-step-off", "tiny-scales", "flushed"])
 def test_the_float32_screen_gives_the_float64_verdicts(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nxdi_gptoss_fp8 import verify
+    from nxdi_gptoss_fp8.convert import verify
 
     want, stored, scale = _requantized_expert(case)
     screened = verify.compare_expert(want, stored, scale, fmt.GATE_UP, 64, "expert")
