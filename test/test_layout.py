@@ -18,7 +18,6 @@ MAX_LINES = 500
 LONG_MODULES = {
     f"{PKG}.loader": "one load path: binding checks, mapping, runtime-derived entries share one state",
     f"{PKG}.recognize": "one decision table over every checkpoint kind; split, the order of the rules hides",
-    f"{PKG}.convert.verify": "one verifier walking source and output in step; the strategies share its buffers",
 }
 # stdlib tiers: never torch/numpy at module level, never a torch or NxDI tier
 STDLIB_TIERS = (f"{PKG}.safeio", f"{PKG}.validate")
