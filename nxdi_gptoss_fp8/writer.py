@@ -29,7 +29,7 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ConversionError
-from .output_target import (
+from .output_target.rule import (
     check_space,
     install,
     is_write_error,

@@ -19,7 +19,7 @@ from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import convert
 from nxdi_gptoss_fp8.errors import ConversionError, OutputWriteError
-from nxdi_gptoss_fp8.output_target import (
+from nxdi_gptoss_fp8.output_target.rule import (
     NORMALIZED,
     SOURCE,
     OutputTarget,
@@ -266,7 +266,7 @@ def test_check_writable_refuses_a_directory_without_write_permission(tmp_path: P
 
 # modules that may remove or rename a path, and why that is not replacing an output
 ALLOWED_REMOVERS = {
-    "nxdi_gptoss_fp8/output_target.py": "the overwrite rule itself: the only module that replaces or removes outputs",
+    "nxdi_gptoss_fp8/output_target/rule.py": "the overwrite rule itself: the only module that replaces or removes outputs",
     "nxdi_gptoss_fp8/demo.py": "the temporary directory it made itself with tempfile.mkdtemp",
     "nxdi_gptoss_fp8/validate/presharded_manifest.py": "its own manifest file (a file, written atomically)",
 }

@@ -24,10 +24,10 @@ import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from . import format as fmt
-from .errors import ConversionError, OutputWriteError
-from .safeio.json_file import JsonFileError, read_json_file
-from .units import format_bytes, printable
+from .. import format as fmt
+from ..errors import ConversionError, OutputWriteError
+from ..safeio.json_file import JsonFileError, read_json_file
+from ..units import format_bytes, printable
 
 __all__ = [
     "DIRECTORY_BLOCKS", "NORMALIZED", "OUTPUT_SIDE_FILES", "SOURCE", "SOURCE_KINDS", "OutputTarget", "block_size",
@@ -36,7 +36,7 @@ __all__ = [
     "staged_output", "stale_partials", "write_failed",
 ]
 
-logger = logging.getLogger(f"{__package__}.writer")  # the writer's messages, under the writer's one logger
+logger = logging.getLogger(f"{__name__.split('.')[0]}.writer")  # the writer's messages, under the writer's one logger
 
 
 def _not_a_directory(out: str) -> str:
@@ -62,7 +62,7 @@ _SOURCE_ORIGINAL = ("original", (fmt.CONFIG_FILE, "model.safetensors", "dtypes.j
 
 
 def _is_our_name(name: str, extra_names: Iterable[str]) -> bool:
-    from .hub import COMPANION_FILES
+    from ..hub import COMPANION_FILES
 
     return (name in (fmt.CONFIG_FILE, fmt.INDEX_FILE, *OUTPUT_SIDE_FILES, *COMPANION_FILES, *extra_names)
             or bool(_OUR_SHARD.fullmatch(name)))
@@ -88,7 +88,7 @@ def _is_plain_file(out: str, name: str) -> bool:
 
 
 def _kind_title(kind: str) -> str:
-    from .recognize import TITLES
+    from ..recognize import TITLES
 
     return "a synthetic source" if kind == SOURCE else TITLES.get(kind, kind)
 
@@ -106,7 +106,7 @@ def _foreign(out: str, entries: list[str], kind: str, extra_names: Iterable[str]
         return foreign
     foreign = [name for name in entries if not _is_source_name(out, name)]
     if not foreign:
-        from .recognize import recognize
+        from ..recognize import recognize
 
         found = recognize(out).kind
         if found not in SOURCE_KINDS or (kind != SOURCE and found != kind):
@@ -253,7 +253,7 @@ def install(work: str, target: OutputTarget, *, overwrite: bool, extra_names: It
     place at ``target.out``. The rule is asked again first (OUT may have changed meanwhile; for
     ``SOURCE`` with the kind ``work`` is recognized as), so what is replaced is what it allows now."""
     if kind == SOURCE:
-        from .recognize import recognize
+        from ..recognize import recognize
 
         kind = recognize(work).kind
     now = output_target(target.out, overwrite=overwrite, extra_names=extra_names, kind=kind)
