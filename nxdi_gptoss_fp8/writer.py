@@ -29,17 +29,10 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ConversionError
-from .output_target.rule import (
-    check_space,
-    install,
-    is_write_error,
-    make_private_dir,
-    output_target,
-    refuse_concurrent_writer,
-    remove_stale_partials,
-    remove_work_dir,
-    write_failed,
-)
+from .output_target.install import install, is_write_error, remove_work_dir, write_failed
+from .output_target.rule import output_target
+from .output_target.space import check_space
+from .output_target.work_dirs import make_private_dir, refuse_concurrent_writer, remove_stale_partials
 from .progress import Progress
 from .safeio.files import open_regular
 from .safeio.hashing import hash_files

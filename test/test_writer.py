@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 from nxdi_gptoss_fp8 import ConversionError, preflight
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.output_target.rule import host_tag, stale_partials
+from nxdi_gptoss_fp8.output_target.work_dirs import host_tag, stale_partials
 from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS, make_tiny, tiny_tensors
 from nxdi_gptoss_fp8.writer import CheckpointWriter, build_header, plan_shards
 

@@ -38,7 +38,8 @@ from ..convert import (
 from ..convert.fp8 import FP8_DTYPE
 from ..convert.mxfp4 import BLOCK_SIZE
 from ..machine import current_umask
-from ..output_target.rule import SOURCE, staged_output
+from ..output_target.install import staged_output
+from ..output_target.rule import SOURCE
 from .tiny_stdlib import SOURCE_DIMS, check_seed, count_problems, dims_problems
 
 MXFP4_QUANTIZATION_CONFIG = {
