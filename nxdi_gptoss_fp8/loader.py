@@ -19,6 +19,9 @@ Then the runtime-derived entries (docs/format.md, "Entries that are never stored
 synthesized exactly as NxDI's GPT-OSS conversion (HF branch, BF16 compute) would for the given
 NeuronConfig, and every tensor is already in the dtype NxDI's ``checkpoint_loader_fn`` would cast it to, so its ``_cast_helper``
 finds nothing to copy. Requires torch.
+
+One module over 500 lines: one load path (binding checks, mapping, runtime-derived entries)
+sharing one state; split, each part would take the whole state as arguments.
 """
 
 from __future__ import annotations
