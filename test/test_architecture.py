@@ -7,6 +7,7 @@ leaf, every module declares ``__all__``, no module grows past ~500 lines unless 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,16 @@ def test_no_import_circle_not_even_through_type_checking() -> None:
 
 def test_errors_is_a_leaf() -> None:
     assert [t for t, _k, _l in _imports(f"{PKG}.errors") if t.startswith(PKG)] == []
+
+
+@pytest.mark.parametrize(("name", "allowed"), [("machine", set()), ("deps", {f"{PKG}.errors"}),
+                                               ("units", {f"{PKG}.format"})])
+def test_the_machine_the_dependencies_and_units_are_leaves_the_validator_may_import(name: str, allowed: set[str]) -> None:
+    """What this machine is, what is installed, values as text: stdlib (and at most one leaf)."""
+    imported = {t for t, _k, _l in _imports(f"{PKG}.{name}") if t.startswith(PKG)}
+    assert imported <= allowed
+    assert {t.split(".")[0] for t, kind, _l in _imports(f"{PKG}.{name}") if kind == "module"} <= {
+        *sys.stdlib_module_names, "__future__", PKG}
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith(STDLIB_TIERS)))
