@@ -6,6 +6,7 @@ float32 equality, the float32 screen) before the float64 judge sees what is left
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,9 @@ from .verify_values import Screen, byte_mismatches, judge, no_screen, products_e
 
 __all__ = ["ExpertResult", "compare_expert"]
 
+# the screen's signature (``verify_values.Screen``; ``no_screen`` when float32 cannot hold the source)
+_ScreenFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float],
+                    "tuple[int, float, int, torch.Tensor, torch.Tensor] | None"]
 _CHUNK_VALUES = 1 << 17  # values compared at a time: the pieces stay in cache
 _TILE_ROWS = 128  # rows compared at a time are a multiple of this (the transpose back is cheaper in wide blocks)
 
@@ -87,7 +91,7 @@ class _Judged:
 
 
 def _settle_block(want: ExpertRows, q: torch.Tensor, s: torch.Tensor, first_row: int, last_row: int, stride: int,
-                  fast: bool, in_range: bool, try_equal: bool, screen: Screen | object, result: ExpertResult
+                  fast: bool, in_range: bool, try_equal: bool, screen: _ScreenFn, result: ExpertResult
                   ) -> tuple[_Judged | None, bool]:
     """One block of stored rows ``q`` (scales ``s``) against the source rows ``first_row`` …
     ``last_row`` step ``stride``: what the byte compare, float32 equality (``fast``: every product
@@ -122,7 +126,7 @@ def _settle_block(want: ExpertRows, q: torch.Tensor, s: torch.Tensor, first_row:
         try_equal = not where_rows.numel()
         if try_equal:
             return None, try_equal
-    elif in_range and (screened := screen(q, s, wanted, result.max_rel_error)) is not None:  # type: ignore[operator]
+    elif in_range and (screened := screen(q, s, wanted, result.max_rel_error)) is not None:
         inexact, rel_max, flushed_proven, where_rows, where_cols = screened
         result.inexact += inexact
         result.flushed += flushed_proven
@@ -185,7 +189,7 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
     # contiguous runs), then transposed within the cache (a strided read across the whole expert
     # would cost a TLB miss per byte)
     columns, block = torch.empty((cols, step), dtype=torch.uint8), torch.empty((step, cols), dtype=torch.uint8)
-    screen = Screen(step, cols) if want.dtype == torch.float32 else no_screen
+    screen: _ScreenFn = Screen(step, cols) if want.dtype == torch.float32 else no_screen
     for offset, stride, back, scales, column in segments:
         rows = back.shape[0]
         fast = products_exact(scales) & (want.dtype == torch.float32)
