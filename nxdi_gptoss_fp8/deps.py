@@ -3,17 +3,21 @@
 The validator needs only the standard library; ``--deep`` needs numpy; loading, converting
 and ``make-tiny`` need torch and safetensors; the NxDI hook needs NxDI (installed with the
 Neuron SDK). ``require`` turns a missing one into ``MissingDependencyError``, which names the
-package, what needs it and how to install it (the CLI prints it and exits 2). Stdlib only.
+package, what needs it and how to install it (the CLI prints it and exits 2). The one answer to
+"is it here" (``importable``: found without importing it; ``available``: it imports) and "which
+version" (``module_version``). Stdlib only.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from types import ModuleType
 
 from .errors import MissingDependencyError
 
-__all__ = ["CPU_TORCH", "INSTALL_HINTS", "OPTIONAL", "available", "missing", "require"]
+__all__ = ["CPU_TORCH", "INSTALL_HINTS", "OPTIONAL", "available", "importable", "missing", "module_version", "require"]
 
 CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 INSTALL_HINTS = {
@@ -53,3 +57,29 @@ def available(name: str) -> bool:
     except ImportError:
         return False
     return True
+
+
+def importable(name: str) -> bool:
+    """Whether module ``name`` is imported already or can be found (without importing it)."""
+    if sys.modules.get(name) is not None:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def module_version(name: str) -> str:
+    """The version of the importable module ``name``: its distribution's metadata (``a_b`` or
+    ``a-b``), else its ``_version.__version__`` or ``__version__`` (imports it), else "unknown"."""
+    from importlib import metadata
+
+    for dist in (name.replace("_", "-"), name):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        return str(importlib.import_module(f"{name}._version").__version__)
+    except (ImportError, AttributeError):
+        return str(getattr(importlib.import_module(name), "__version__", "unknown"))

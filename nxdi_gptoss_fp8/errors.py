@@ -153,6 +153,17 @@ class NotRegularFileError(NxdiGptossFp8Error, OSError):
     """An input path is a FIFO, socket, device or directory: refused before it is read."""
 
 
+class FileTooLargeError(NxdiGptossFp8Error):
+    """An input file above the size its reader accepts: refused, never truncated. ``size`` is the
+    size seen (on disk, or once read when the file ``grew`` while it was read), ``limit`` the cap."""
+
+    def __init__(self, message: str, *, size: int, limit: int, grew: bool) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+        self.grew = grew
+
+
 class MissingDependencyError(NxdiGptossFp8Error):
     """An optional package a command needs (torch, numpy, safetensors, NxDI) is not installed."""
 

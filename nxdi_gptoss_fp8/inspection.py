@@ -13,8 +13,8 @@ from typing import Any
 from . import format as fmt
 from . import recognize as rz
 from .targets import TARGETS
-from .units import format_bytes
-from .validate.findings import PreflightReport, printable
+from .units import format_bytes, printable
+from .validate.findings import PreflightReport
 from .validate.pipeline import preflight
 from .validate.view import CheckpointView
 

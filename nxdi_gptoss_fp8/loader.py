@@ -19,6 +19,9 @@ Then the runtime-derived entries (docs/format.md, "Entries that are never stored
 synthesized exactly as NxDI's GPT-OSS conversion (HF branch, BF16 compute) would for the given
 NeuronConfig, and every tensor is already in the dtype NxDI's ``checkpoint_loader_fn`` would cast it to, so its ``_cast_helper``
 finds nothing to copy. Requires torch.
+
+One module over 500 lines: one load path (binding checks, mapping, runtime-derived entries)
+sharing one state; split, each part would take the whole state as arguments.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import logging
 import mmap
 import os
 import stat
-import struct
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,10 +41,11 @@ import torch
 
 from . import format as fmt
 from .errors import FailedReportError, IntegrityError, LoadError, ReportBindingError
+from .machine import usable_cpus
 from .nxdi.config import config_attr, neuron_config_view, parse_load_mode, parse_verify_at_load
 from .safeio.files import FileIdentity
 from .safeio.hashing import hash_buffers
-from .safeio.safetensors_header import PREFIX_SIZE, SafetensorsHeader
+from .safeio.safetensors_header import HeaderError, SafetensorsHeader, read_header_bytes
 from .validate.binding import Binding, config_fingerprint
 from .validate.findings import PreflightReport
 from .validate.integrity import DIGESTS_KEY
@@ -290,11 +293,14 @@ def map_shard(shard: str, header: SafetensorsHeader, *, root: str, private: bool
         if os.path.dirname(target) != root:
             changes.insert(0, f"it now resolves to {target}, outside the checkpoint directory (a link was put in its place)")
         if not changes and stat.S_ISREG(status.st_mode):
-            prefix = os.pread(fd, PREFIX_SIZE, 0)
-            length = struct.unpack("<Q", prefix)[0] if len(prefix) == PREFIX_SIZE else -1
-            if length != header.header_length:
-                changes.append(f"header length {header.header_length:,} → {length:,}")
-            elif hashlib.sha256(os.pread(fd, length, PREFIX_SIZE)).hexdigest() != header.header_sha256:
+            with open(fd, "rb", buffering=0, closefd=False) as handle:
+                try:
+                    raw = read_header_bytes(handle, status.st_size)
+                except HeaderError as exc:
+                    raw, changes = None, [*changes, f"its header no longer reads ({exc})"]
+            if raw is not None and len(raw) != header.header_length:
+                changes.append(f"header length {header.header_length:,} → {len(raw):,}")
+            elif raw is not None and hashlib.sha256(raw).hexdigest() != header.header_sha256:
                 changes.append("header bytes differ (tensor names, shapes or offsets were rewritten)")
         if changes:
             raise _refuse(shard, changes)
@@ -489,7 +495,7 @@ def verify_loaded(view: CheckpointView, mappings: Mapping[str, mmap.mmap]) -> in
     if missing:
         raise IntegrityError(f"{fmt.INDEX_FILE} metadata.{DIGESTS_KEY} has no digest for {missing[0]}: "
                              "re-write the checkpoint with digests, or turn verification off")
-    actual = hash_buffers(mappings, workers=min(len(mappings), os.cpu_count() or 1))
+    actual = hash_buffers(mappings, workers=min(len(mappings), usable_cpus()))
     for shard in sorted(mappings):
         if actual[shard] != digests[shard]:
             raise IntegrityError(f"{shard}: the loaded bytes have SHA-256 {actual[shard]}, the index records "

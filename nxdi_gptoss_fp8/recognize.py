@@ -15,6 +15,9 @@ and compiled NxDI model directories (``neuron_config.json``).
 Bounded work: at most ``MAX_ENTRIES`` directory entries, ``MAX_HEADERS`` shard headers of at
 most ``MAX_HEADER_BYTES`` each, ``MAX_JSON_FILE_BYTES`` per JSON file and ``MAX_NAMES`` tensor names
 are examined; FIFOs, sockets, devices and directories are refused before they are opened.
+
+One module over 500 lines: one decision table over every checkpoint kind; split, the order of
+its rules would hide.
 """
 
 from __future__ import annotations

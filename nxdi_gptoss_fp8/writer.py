@@ -19,7 +19,6 @@ import contextlib
 import errno
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -30,24 +29,17 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ConversionError
-from .output_target import (
-    check_space,
-    install,
-    is_write_error,
-    make_private_dir,
-    output_target,
-    refuse_concurrent_writer,
-    remove_stale_partials,
-    remove_work_dir,
-    write_failed,
-)
+from .output_target.install import install, is_write_error, remove_work_dir, write_failed
+from .output_target.rule import output_target
+from .output_target.space import check_space
+from .output_target.work_dirs import make_private_dir, refuse_concurrent_writer, remove_stale_partials
 from .progress import Progress
 from .safeio.files import open_regular
 from .safeio.hashing import hash_files
 
 __all__ = [
     "DEFAULT_MAX_SHARD_SIZE", "INDEX_SLACK", "CheckpointWriter", "PlannedTensor", "as_bytes", "build_header", "logger",
-    "parse_size", "plan_shards", "shard_file_name", "shard_units",
+    "plan_shards", "shard_file_name", "shard_units",
 ]
 
 logger = logging.getLogger(__name__)
@@ -66,31 +58,6 @@ def _placement_key(spec: fmt.TensorSpec) -> tuple[int, str]:
     match = _QKV.match(spec.name)
     name = f"{match[1]}qkv.{match[3]}.{'qkv'.index(match[2])}" if match else spec.name
     return _DTYPE_ORDER.get(spec.dtype, 3), name
-
-
-def parse_size(text: str | int) -> int:
-    """``"5GB"`` → 5_000_000_000; accepts KB/MB/GB/TB (powers of 1000) and KiB/MiB/GiB/TiB.
-
-    The result is a whole number of bytes in 1 … 2^53 (the format's byte-count bound); anything
-    else (zero, negative, ``1e999``, ``nan``, a 30-digit number) is a ``ValueError`` naming the text."""
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-    if isinstance(text, int) and not isinstance(text, bool):
-        value, unit = float(text) if abs(text) < 2**63 else math.inf, ""
-    else:
-        stripped = str(text).strip().upper().replace(" ", "")[:64]
-        number = stripped.rstrip("KMGTIB")
-        unit = stripped[len(number):]
-        try:
-            value = float(number) if re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+", number) else -1.0
-        except ValueError:
-            value = -1.0
-    if unit not in units or value <= 0:
-        raise ValueError(f"cannot read a size from {str(text)[:40]!r} (examples: 5GB, 500MB, 2GiB)")
-    size = value * units[unit]
-    if not math.isfinite(size) or size > fmt.MAX_BYTE_COUNT or size < 1:
-        raise ValueError(f"size {str(text)[:40]!r} is outside 1 B … 2^53 bytes (examples: 5GB, 500MB, 2GiB)")
-    return int(size)
 
 
 def shard_units(layout: fmt.Layout) -> list[list[fmt.TensorSpec]]:

@@ -287,7 +287,7 @@ def child_convert(src: str, out: str, workers: str = "", forced: str = "") -> di
 
 
 def child_verify(src: str, out: str, workers: str = "") -> dict:
-    from nxdi_gptoss_fp8.verify import verify_conversion
+    from nxdi_gptoss_fp8.convert.verify import verify_conversion
 
     started, cpu = time.perf_counter(), _cpu_seconds()
     report = verify_conversion(out, src, workers=int(workers) if workers else None)

@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.cpu_cache import cache_chunk_bytes, l2_cache_bytes
+from nxdi_gptoss_fp8.machine import cache_chunk_bytes, l2_cache_bytes
 from nxdi_gptoss_fp8.validate.deep_scan import deep_scan, scan_targets
 from nxdi_gptoss_fp8.validate.findings import PreflightReport
 from nxdi_gptoss_fp8.validate.integrity import check_digests

@@ -45,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nxdi_gptoss_fp8 import format as fmt  # noqa: E402
+from nxdi_gptoss_fp8.machine import usable_cpus  # noqa: E402
 from nxdi_gptoss_fp8.units import format_bytes, format_duration  # noqa: E402
 from nxdi_gptoss_fp8.validate import presharded as sm  # noqa: E402
 from nxdi_gptoss_fp8.validate import presharded_manifest as pm  # noqa: E402
@@ -159,7 +160,7 @@ def bench_check(workdir: str, load_file_ranks: int) -> None:
         entries[rank] = pm.RankEntry(rank, pm.rank_file(rank), sizes[rank], hashlib.sha256(read.header).hexdigest(),
                                      read.sample_sha256, "0" * 64)
     checkpoint = named_checkpoint(os.path.join(workdir, "gpt-oss-120b-fp8"))
-    sources = [pm.Source(checkpoint, pm.source_fingerprint(checkpoint))]
+    sources = [pm.Source(checkpoint, pm.checkpoint_identity(checkpoint))]
     manifest = pm.Manifest(TP, TP, entries, pm.shard_settings(config), sources, written_at="bench")
     with open(pm.manifest_path(compiled), "w") as handle:
         json.dump(manifest.to_dict(), handle)
@@ -206,7 +207,7 @@ def bench_write(workdir: str, ranks: int, rank_mb: int) -> None:
         write_times.append(_timed(lambda shard=shard, rank=rank: save_file(shard, os.path.join(weights, pm.rank_file(rank)))))
         del shard
     total = sum(os.path.getsize(os.path.join(weights, pm.rank_file(r))) for r in range(ranks))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cpus()  # the pool write_manifest starts by default
     single = sha256_rate()
     hashing = _timed(lambda: pm.write_manifest(compiled, ranks=range(ranks), config={"tp_degree": ranks}, sources=[],
                                                progress=False))

@@ -574,7 +574,7 @@ def test_import_is_light() -> None:
 
 
 def test_make_tiny_names_and_removes_a_dead_runs_partial_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from nxdi_gptoss_fp8.output_target import host_tag
+    from nxdi_gptoss_fp8.output_target.work_dirs import host_tag
 
     partial = tmp_path / f".t.partial-{host_tag()}-999999999-00ff"
     partial.mkdir()

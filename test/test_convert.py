@@ -20,7 +20,7 @@ from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import convert, mxfp4, non_expert_names, open_source
 from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
-from nxdi_gptoss_fp8.convert.source import FINGERPRINT_FIELDS, source_fingerprint
+from nxdi_gptoss_fp8.convert.source import FINGERPRINT_FIELDS, provenance_fingerprint
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.synthetic.sources import (
     SOURCE_BF16,
@@ -270,9 +270,19 @@ def test_the_fingerprint_tells_each_part_of_another_source(mxfp4_source: Path, t
         start = 8 + int.from_bytes(raw[:8], "little")
         raw[start + (len(raw) - start) // 16] ^= 0x01  # the middle of the first sampled block
         shard.write_bytes(bytes(raw))
-    after = source_fingerprint(str(other), sorted(str(p) for p in other.glob("*.safetensors")))
+    after = provenance_fingerprint(str(other), sorted(str(p) for p in other.glob("*.safetensors")))
     part = {"config": "config_sha256", "header": "headers_sha256", "data": "samples_sha256"}[change]
     assert [name for name in FINGERPRINT_FIELDS if before[name] != after[name]] == [part]
+
+
+def test_a_config_above_the_json_limit_is_refused_not_fingerprinted_in_part(mxfp4_source: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(mxfp4_source, other)
+    size = (other / fmt.CONFIG_FILE).stat().st_size
+    monkeypatch.setattr("nxdi_gptoss_fp8.convert.source.MAX_JSON_FILE_BYTES", size - 1)
+    with pytest.raises(ConversionError, match=f"cannot fingerprint the source at .*{size:,} bytes, above the"):
+        provenance_fingerprint(str(other), sorted(str(p) for p in other.glob("*.safetensors")))
 
 
 # --------------------------------------------------------------------------- wrong sources
@@ -437,7 +447,7 @@ def test_source_is_never_modified_and_pickles_never_opened(mxfp4_source: Path, t
 
     monkeypatch.setattr(torch, "load", refuse)
     convert(mxfp4_source, tmp_path / "out", progress=False)
-    from nxdi_gptoss_fp8.verify import verify_conversion
+    from nxdi_gptoss_fp8.convert.verify import verify_conversion
 
     assert verify_conversion(tmp_path / "out", mxfp4_source).ok
     assert tree_digest(mxfp4_source) == before

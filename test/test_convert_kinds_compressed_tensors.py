@@ -16,6 +16,7 @@ from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import SOURCE_COMPRESSED_TENSORS, SPLIT_HALVES, SPLIT_INTERLEAVED, convert, open_source
 from nxdi_gptoss_fp8.convert.fp8 import FP8_DTYPE
+from nxdi_gptoss_fp8.convert.verify import verify_conversion
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.synthetic.sources import (
     SOURCE_DIMS,
@@ -26,7 +27,6 @@ from nxdi_gptoss_fp8.synthetic.sources import (
     write_transformers_shards,
 )
 from nxdi_gptoss_fp8.validate.pipeline import preflight
-from nxdi_gptoss_fp8.verify import verify_conversion
 
 HP, IP = 96, 128
 EXPERT = "model.layers.{layer}.mlp.experts.{nest}{expert}.{proj}."

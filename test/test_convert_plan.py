@@ -24,13 +24,13 @@ from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import convert, plan
 from nxdi_gptoss_fp8.convert.card import CARD_FILE
-from nxdi_gptoss_fp8.output_target import DIRECTORY_BLOCKS, block_size, space_needed
+from nxdi_gptoss_fp8.output_target.space import DIRECTORY_BLOCKS, block_size, space_needed
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, make_source
 from nxdi_gptoss_fp8.writer import INDEX_SLACK
 
 KINDS = (SOURCE_MXFP4, SOURCE_BF16, SOURCE_COMPRESSED_TENSORS)
 _PLAN = importlib.import_module("nxdi_gptoss_fp8.convert.plan")  # the package's ``plan`` is the function
-_TARGET = importlib.import_module("nxdi_gptoss_fp8.output_target")
+_TARGET = importlib.import_module("nxdi_gptoss_fp8.output_target.space")
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,11 @@ from nxdi_gptoss_fp8 import progress as progress_module
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import KINDS, SOURCE_COMPRESSED_TENSORS, convert, plan
 from nxdi_gptoss_fp8.convert.fp8 import MIN_NORMAL_SCALE
+from nxdi_gptoss_fp8.convert.verify import verify_conversion
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.safeio.json_file import MAX_JSON_FILE_BYTES
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
 from nxdi_gptoss_fp8.validate.pipeline import preflight
-from nxdi_gptoss_fp8.verify import verify_conversion
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -20,9 +20,6 @@ from typing import Any
 
 import pytest
 import torch
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
-
 from ckpt_edit import edit_shard, shard_of
 from nxdi_standin import cpu_roots
 

@@ -11,17 +11,13 @@ import math
 import os
 import shutil
 import struct
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import ckpt_edit
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
-
-import ckpt_edit
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8 import loader

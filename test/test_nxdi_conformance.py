@@ -25,9 +25,6 @@ from typing import Any
 
 import pytest
 import torch
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
-
 from real_nxdi import gptoss_app, real_modeling
 
 from nxdi_gptoss_fp8 import format as fmt

@@ -17,13 +17,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-import torch
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
-
 import ckpt_edit
 import nxdi_standin
+import pytest
+import torch
 
 from nxdi_gptoss_fp8 import cli, errors
 from nxdi_gptoss_fp8 import format as fmt

@@ -19,16 +19,8 @@ from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import convert
 from nxdi_gptoss_fp8.errors import ConversionError, OutputWriteError
-from nxdi_gptoss_fp8.output_target import (
-    NORMALIZED,
-    SOURCE,
-    OutputTarget,
-    check_writable,
-    is_write_error,
-    output_target,
-    remove_work_dir,
-    staged_output,
-)
+from nxdi_gptoss_fp8.output_target.install import is_write_error, remove_work_dir, staged_output
+from nxdi_gptoss_fp8.output_target.rule import NORMALIZED, SOURCE, OutputTarget, check_writable, output_target
 from nxdi_gptoss_fp8.synthetic import sources
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, make_source
 from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS, make_tiny, tiny_tensors
@@ -266,7 +258,9 @@ def test_check_writable_refuses_a_directory_without_write_permission(tmp_path: P
 
 # modules that may remove or rename a path, and why that is not replacing an output
 ALLOWED_REMOVERS = {
-    "nxdi_gptoss_fp8/output_target.py": "the overwrite rule itself: the only module that replaces or removes outputs",
+    "nxdi_gptoss_fp8/output_target/install.py": "the overwrite rule's installer: the only module that replaces outputs "
+                                                "or removes a work folder",
+    "nxdi_gptoss_fp8/output_target/work_dirs.py": "the unfinished outputs a dead run left (its own hidden work folders)",
     "nxdi_gptoss_fp8/demo.py": "the temporary directory it made itself with tempfile.mkdtemp",
     "nxdi_gptoss_fp8/validate/presharded_manifest.py": "its own manifest file (a file, written atomically)",
 }

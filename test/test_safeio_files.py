@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from nxdi_gptoss_fp8.errors import NotRegularFileError
-from nxdi_gptoss_fp8.safeio.files import FileIdentity, not_regular_reason, open_regular
+from nxdi_gptoss_fp8.errors import FileTooLargeError, NotRegularFileError
+from nxdi_gptoss_fp8.safeio.files import FileIdentity, not_regular_reason, open_regular, read_bounded
 
 
 def _fifo(tmp: Path) -> Path:
@@ -104,3 +104,23 @@ def test_file_identity_names_every_change(field: str, value: int, words: str) ->
     assert before.changes_since(before) == []
     (change,) = dataclasses.replace(before, **{field: value}).changes_since(before)
     assert words in change
+
+
+@pytest.mark.parametrize("size, limit", [(0, 0), (10, 10), (10, 11), (11, 10), (5000, 4096)])
+def test_read_bounded_reads_the_whole_file_or_refuses_it(tmp_path: Path, size: int, limit: int) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * size)
+    if size <= limit:
+        raw, identity = read_bounded(path, limit)
+        assert raw == b"x" * size and identity.size == size
+        return
+    seen: list[bytes] = []
+    with pytest.raises(FileTooLargeError) as caught:
+        read_bounded(path, limit, on_read=lambda raw, identity: seen.append(raw))
+    assert (caught.value.size, caught.value.limit, caught.value.grew) == (size, limit, False)
+    assert f"{size:,} bytes, above the {limit:,}-byte limit" in str(caught.value) and seen == []  # nothing read
+
+
+def test_read_bounded_refuses_a_fifo_before_opening_it(tmp_path: Path) -> None:
+    with pytest.raises(NotRegularFileError):
+        read_bounded(_fifo(tmp_path), 100)

@@ -1,10 +1,11 @@
-"""How counts, byte sizes and durations read on the command line."""
+"""How counts, byte sizes, durations and names from disk read on the command line, and how a byte
+size is read back."""
 
 from __future__ import annotations
 
 import pytest
 
-from nxdi_gptoss_fp8.units import format_bytes, format_duration, plural
+from nxdi_gptoss_fp8.units import format_bytes, format_duration, parse_size, plural, printable
 
 
 @pytest.mark.parametrize(("count", "text"), [(0, "0 errors"), (1, "1 error"), (2, "2 errors"), (1500, "1,500 errors")])
@@ -25,3 +26,30 @@ def test_bytes_are_decimal(count: int, text: str) -> None:
 ])
 def test_durations_switch_to_seconds_at_one_second(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize(("text", "size"), [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("2GiB", 2 * 2**30), ("64KB", 64_000), (123, 123), ("1.5GB", 1_500_000_000)])
+def test_parse_size(text: str | int, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "GB", "-5GB", "5XB", "five"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(("text", "message"), [("0", "cannot read"), ("1e999", "cannot read"), ("nan", "cannot read"),
+                                               ("9" * 30, "outside"), ("0.5B", "outside"), (2**60, "outside"),
+                                               (10**40, "outside"), (-3, "cannot read")])
+def test_parse_size_bounds(text: str | int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("model-00001.safetensors", "model-00001.safetensors"), ("a\x1b[31mb", "a\\x1b[31mb"), ("a\rb", "a\\x0db"),
+    ("a\u202eb", "a\\u202eb"), ("a\U000e0001b", "a\\U000e0001b"), ("ü", "ü"),
+])
+def test_printable_escapes_what_a_terminal_acts_on(text: str, shown: str) -> None:
+    assert printable(text) == shown and printable(text).isprintable()

@@ -12,8 +12,8 @@ import pytest
 from corpus import Ckpt, Tensor
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.cpu_cache import cache_chunk_bytes
 from nxdi_gptoss_fp8.errors import MissingDependencyError
+from nxdi_gptoss_fp8.machine import cache_chunk_bytes
 from nxdi_gptoss_fp8.safeio.files import open_regular
 from nxdi_gptoss_fp8.safeio.safetensors_header import read_header
 from nxdi_gptoss_fp8.validate import deep_scan as ds

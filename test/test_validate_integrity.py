@@ -13,6 +13,7 @@ from ckpt_edit import edit_index, read_json, shards
 
 from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.machine import usable_cpus
 from nxdi_gptoss_fp8.validate import integrity
 from nxdi_gptoss_fp8.validate.findings import Severity
 from nxdi_gptoss_fp8.validate.pipeline import preflight
@@ -84,7 +85,7 @@ def test_shards_are_hashed_in_parallel_threads(tiny_template: Path, monkeypatch:
     assert stats is not None and report.ok
     count = len(shards(tiny_template))
     assert sorted(seen["paths"]) == shards(tiny_template)
-    assert seen["workers"] == stats.workers == min(count, workers or os.cpu_count() or 1)
+    assert seen["workers"] == stats.workers == min(count, workers or usable_cpus())
     assert stats.bytes_hashed == sum((tiny_template / s).stat().st_size for s in shards(tiny_template))
 
 

@@ -1,32 +1,27 @@
-"""Pre-sharded weights bound to the compile and checkpoint they came from (``sharded_manifest``
-and the hook's ``shard_weights`` / ``load_weights``), against the stand-in of NxDI; the same
-scenarios run against NxDI's real methods in ``test_nxdi_presharded.py``."""
+"""Pre-sharded weights bound to the compile and checkpoint they came from: the manifest
+(``presharded_manifest``), the check against the files (``validate.presharded``) as a load, and
+``validate`` / ``inspect`` of a compiled directory see it, against the stand-in of NxDI. The
+compile-and-load scenarios run against the stand-in and NxDI's real methods alike in
+``test_nxdi_presharded.py``."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import presharded_cases as cases
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
-
-import nxdi_standin
-import presharded_cases as cases
 
 from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.errors import IntegrityError
 from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
-from nxdi_gptoss_fp8.synthetic.sources import SOURCE_MXFP4, make_source, write_legacy_fp8
 from nxdi_gptoss_fp8.validate import presharded as sm
 from nxdi_gptoss_fp8.validate import presharded_manifest as pm
 
@@ -35,10 +30,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:stand-in cast rule keeps scale")
 
 @pytest.fixture
 def nxdi(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
-    monkeypatch.delenv(nxdi_hook.ENV_VAR, raising=False)
-    monkeypatch.delenv(fmt.VERIFY_AT_LOAD_ENV, raising=False)
-    monkeypatch.setenv(fmt.ALLOW_CUSTOM_ENV, "1")
-    with nxdi_standin.installed() as modules:
+    with cases.standin(monkeypatch) as modules:
         yield modules
 
 
@@ -66,28 +58,10 @@ def test_compile_writes_a_manifest_of_exactly_the_written_rank_files(scene: case
     assert manifest.ranks[0].header_sha256 == manifest.ranks[1].header_sha256  # every rank's header alike
     assert manifest.ranks[0].sample_sha256 != manifest.ranks[1].sample_sha256  # the sampled data are not
     assert [s.path for s in manifest.sources] == [str(scene.ckpt.resolve())]
-    assert manifest.sources[0].fingerprint == pm.source_fingerprint(str(scene.ckpt))
+    assert manifest.sources[0].fingerprint == pm.checkpoint_identity(str(scene.ckpt))
     assert manifest.settings["tp_degree"] == 2 and manifest.settings["torch_dtype"] == "bfloat16"
     assert manifest.settings["modules_to_not_convert"] == ["lm_head", "self_attn"]
     assert not [p for p in scene.weights.iterdir() if p.name.startswith(".")]  # no temporary left
-
-
-def test_clean_load_hands_nxdi_exactly_the_written_shards(scene: cases.Scene) -> None:
-    app = cases.load_app(scene.modeling, scene.compiled, scene.ckpt)
-    loaded = cases.load(app, scene.compiled)
-    assert loaded is not None and loaded.start_rank.tolist() == [0]
-    assert cases.same_weights(loaded.weights, cases.files_on_disk(scene.compiled))
-    assert app._builder.loader_calls == 0  # NxDI never calls the checkpoint loader here
-    # and the files are the cut of the hooked loader's output
-    assert cases.same_weights(loaded.weights, [app._builder.shard_rank(app.checkpoint_loader_fn(), r) for r in range(cases.TP)])
-
-
-@pytest.mark.parametrize("name", list(cases.TAMPERINGS))
-def test_each_tampering_is_refused_before_initialize(scene: cases.Scene, name: str) -> None:
-    message = cases.tampered_load(scene, name)
-    assert (message is None) == (cases.TAMPERINGS[name][1] is None)
-    if message is not None:
-        assert str(scene.compiled) in message and "nothing was handed to NxDI" in message
 
 
 def test_stale_source_message_says_how_to_reshard(scene: cases.Scene) -> None:
@@ -142,16 +116,6 @@ def test_a_rank_file_swapped_while_nxdi_reads_it_is_refused(scene: cases.Scene, 
         cases.load(app, scene.compiled)
 
 
-def test_an_interrupted_shard_step_leaves_no_manifest(scene: cases.Scene) -> None:
-    with pytest.raises(RuntimeError, match="interrupted"):
-        cases.compile_shards(scene.modeling, scene.ckpt, scene.compiled, fail_after_rank=0)
-    assert not (scene.weights / pm.MANIFEST_FILE).exists()  # the earlier one was removed first
-    with pytest.raises(sm.ShardedWeightsError) as caught:
-        cases.load(cases.load_app(scene.modeling, scene.compiled, scene.ckpt), scene.compiled)
-    assert caught.value.codes == ["presharded.no_manifest"]
-    assert "shard_weights(" in str(caught.value) and "no recompile" in str(caught.value)
-
-
 def test_resharding_through_the_hook_writes_a_new_manifest(scene: cases.Scene) -> None:
     """The fix the messages give: NxDI's shard_weights on the compiled model, no recompile."""
     cases.TAMPERINGS["source-reconverted"][0](scene)
@@ -168,60 +132,6 @@ def test_no_shards_written_means_no_manifest_and_nxdis_behaviour(nxdi: SimpleNam
     nxdi_hook.register()
     cases.compile_shards(nxdi.modeling_gpt_oss, tiny_template, tmp_path / "compiled", **overrides)
     assert not (tmp_path / "compiled" / "weights").exists()
-
-
-def test_shard_on_load_reaches_nxdi_unchanged(nxdi: SimpleNamespace, tiny_template: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """save_sharded_checkpoint=False: the builder shards at load (through our preflighted loader)."""
-    monkeypatch.setenv(nxdi_hook.ENV_VAR, nxdi_hook.NORMALIZED_FP8)
-    nxdi_hook.register()
-    compiled = tmp_path / "compiled"
-    cases.compile_shards(nxdi.modeling_gpt_oss, tiny_template, compiled, save_sharded_checkpoint=False)
-    app = cases.load_app(nxdi.modeling_gpt_oss, compiled, tiny_template)
-    loaded = cases.load(app, compiled)
-    assert loaded is not None and app._builder.loader_calls == 1
-    expected = [app._builder.shard_rank(app.checkpoint_loader_fn(), rank) for rank in range(cases.TP)]
-    assert cases.same_weights(loaded.weights, expected)
-
-
-# --------------------------------------------------------------------------- HF / legacy: NxDI's own behaviour
-
-
-def _source(kind: str, tiny_template: Path, root: Path) -> Path:
-    if kind == "hf":
-        return make_source(root / "hf", SOURCE_MXFP4, original=False)
-    return write_legacy_fp8(root / "legacy", tiny_template)
-
-
-@pytest.mark.parametrize("kind", ["hf", "legacy"])
-def test_hf_and_legacy_compile_and_load_are_nxdis_bit_for_bit(nxdi: SimpleNamespace, tiny_template: Path, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
-    monkeypatch.setenv(nxdi_hook.ENV_VAR, kind)
-    source = _source(kind, tiny_template, tmp_path)
-    results = {}
-    for hooked in (False, True):
-        if hooked:
-            nxdi_hook.register()
-        compiled = tmp_path / f"compiled-{hooked}"
-        cases.compile_shards(nxdi.modeling_gpt_oss, source, compiled)
-        loaded = cases.load(cases.load_app(nxdi.modeling_gpt_oss, compiled, source), compiled)
-        assert loaded is not None
-        results[hooked] = (sorted(p.name for p in (compiled / "weights").iterdir()),
-                           [(compiled / "weights" / pm.rank_file(r)).read_bytes() for r in range(cases.TP)], loaded)
-    assert results[True][0] == results[False][0] == [pm.rank_file(r) for r in range(cases.TP)]  # no manifest
-    assert results[True][1] == results[False][1]
-    assert cases.same_weights(results[True][2].weights, results[False][2].weights)
-
-
-def test_unregister_restores_shard_and_load_weights(nxdi: SimpleNamespace) -> None:
-    app_cls = nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM
-    base = nxdi.application_base.NeuronApplicationBase
-    assert "shard_weights" not in vars(app_cls) and "load_weights" not in vars(app_cls)
-    nxdi_hook.register()
-    assert vars(app_cls)["shard_weights"] is not base.shard_weights and vars(app_cls)["load_weights"] is not base.load_weights
-    nxdi_hook.unregister()
-    assert "shard_weights" not in vars(app_cls) and "load_weights" not in vars(app_cls)
-    assert app_cls.shard_weights is base.shard_weights and app_cls.load_weights is base.load_weights
 
 
 def test_register_refuses_an_nxdi_whose_load_weights_differs(nxdi: SimpleNamespace) -> None:

@@ -20,6 +20,7 @@ import pytest
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import convert, workers
+from nxdi_gptoss_fp8.convert.verify import verify_conversion
 from nxdi_gptoss_fp8.convert.workers import MAX_WORKERS, check_workers, plan_workers
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.synthetic.sources import (
@@ -29,7 +30,6 @@ from nxdi_gptoss_fp8.synthetic.sources import (
     SOURCE_MXFP4,
     make_source,
 )
-from nxdi_gptoss_fp8.verify import verify_conversion
 
 REPO = Path(__file__).resolve().parent.parent
 FOUR_LAYERS = dataclasses.replace(SOURCE_DIMS, num_hidden_layers=4)

@@ -15,9 +15,9 @@ from safetensors import safe_open
 
 from nxdi_gptoss_fp8 import ConversionError, preflight
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.output_target import host_tag, stale_partials
+from nxdi_gptoss_fp8.output_target.work_dirs import host_tag, stale_partials
 from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS, make_tiny, tiny_tensors
-from nxdi_gptoss_fp8.writer import CheckpointWriter, build_header, parse_size, plan_shards
+from nxdi_gptoss_fp8.writer import CheckpointWriter, build_header, plan_shards
 
 
 def test_tiny_checkpoint_reads_back_exactly_with_safetensors(tmp_path: Path) -> None:
@@ -50,17 +50,6 @@ def test_header_alignment() -> None:
     header, offsets = build_header(specs)
     assert len(header) % 8 == 0
     assert offsets["b"] % 4 == 0 and offsets["a"] % 2 == 0
-
-
-@pytest.mark.parametrize(("text", "size"), [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("2GiB", 2 * 2**30), ("64KB", 64_000), (123, 123), ("1.5GB", 1_500_000_000)])
-def test_parse_size(text: str | int, size: int) -> None:
-    assert parse_size(text) == size
-
-
-@pytest.mark.parametrize("text", ["", "GB", "-5GB", "5XB", "five"])
-def test_parse_size_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
-        parse_size(text)
 
 
 def test_interrupted_write_leaves_nothing(tmp_path: Path) -> None:
@@ -120,14 +109,6 @@ def test_text_files_are_written_at_commit_and_count_as_ours(tmp_path: Path) -> N
             writer.commit()
     assert (out / "README.md").read_text().startswith("---") and (out / fmt.INDEX_FILE).is_file()
     assert not any(p.name.startswith(".") for p in [*tmp_path.iterdir(), *out.iterdir()])
-
-
-@pytest.mark.parametrize(("text", "message"), [("0", "cannot read"), ("1e999", "cannot read"), ("nan", "cannot read"),
-                                               ("9" * 30, "outside"), ("0.5B", "outside"), (2**60, "outside"),
-                                               (10**40, "outside"), (-3, "cannot read")])
-def test_parse_size_bounds(text: str | int, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        parse_size(text)
 
 
 @pytest.mark.parametrize("name", ["config.json", fmt.INDEX_FILE, "sub/tokenizer.json", "..", "x.safetensors", "w.bin"])

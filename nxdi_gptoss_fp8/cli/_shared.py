@@ -87,7 +87,7 @@ def _allow_custom(args: argparse.Namespace) -> bool:
 
 
 def _size(text: str, option: str = "--max-shard-size") -> int:
-    from ..writer import parse_size
+    from ..units import parse_size
 
     try:
         return parse_size(text)

@@ -130,8 +130,8 @@ def add_convert_command(commands: Any) -> None:
 def _cmd_verify_conversion(args: argparse.Namespace) -> int:
     _checkpoint_dir(args.out, "OUT, the converted checkpoint directory")
     _needs("", "torch", "safetensors")
+    from ..convert.verify import verify_conversion
     from ..errors import ConversionError
-    from ..verify import verify_conversion
 
     workers = _workers(args.workers)
     source = _resolve(args.source, args.revision, recorded_in=args.out)

@@ -33,7 +33,7 @@ def _dims(args: argparse.Namespace, defaults: fmt.ModelDims) -> fmt.ModelDims:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     if args.hf is not None:
         return _make_tiny_source(args)
-    from ..output_target import output_target
+    from ..output_target.rule import output_target
     from ..synthetic.tiny_stdlib import TINY_DIMS, check_seed, tiny_layout
 
     dims = _dims(args, TINY_DIMS)
@@ -122,7 +122,7 @@ def _make_tiny_source(args: argparse.Namespace) -> int:
     option = f"--{'ct-fp8' if args.hf == 'ct-fp8' else 'hf-' + args.hf}"
     if args.padded_hidden_size is not None or args.padded_intermediate_size is not None:
         raise UsageError("a source is never padded: pass --padded-hidden-size/--padded-intermediate-size to convert")
-    from ..output_target import output_target
+    from ..output_target.rule import output_target
     from ..synthetic.tiny_stdlib import SOURCE_DIMS, check_seed, dims_problems
 
     dims = _dims(args, SOURCE_DIMS)

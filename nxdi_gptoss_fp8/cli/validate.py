@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from .. import format as fmt
-from ..validate.findings import printable
+from ..units import printable
 from ..validate.foreign import foreign_recognition
 from ..validate.pipeline import preflight
 from ._shared import (

@@ -21,7 +21,8 @@ from ..config_fields import config_field_problems
 from ..errors import ConversionError
 from ..progress import Progress
 from ..targets import TARGETS
-from ..writer import CheckpointWriter, parse_size
+from ..units import parse_size
+from ..writer import CheckpointWriter
 from .card import CARD_FILE, card_size_bound, write_model_card
 from .kinds.base import SourceKind
 from .kinds.compressed_tensors import NAME as SOURCE_COMPRESSED_TENSORS

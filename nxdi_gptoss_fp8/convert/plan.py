@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import ConversionError
-from ..output_target import free_bytes, space_needed
+from ..output_target.space import free_bytes, space_needed
 from ..targets import TARGETS
 from ..units import format_bytes, plural
 from ..writer import CheckpointWriter

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import format as fmt
 from .._version import __version__
-from ..errors import ConversionError, NotRegularFileError
-from ..safeio.files import not_regular_reason, open_regular
+from ..errors import ConversionError, FileTooLargeError, NotRegularFileError
+from ..safeio.files import not_regular_reason, read_bounded
 from ..safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from ..safeio.safetensors_header import HeaderError, TensorInfo, read_header
 
@@ -27,9 +27,26 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "EXPERTS", "FINGERPRINT_FIELDS", "FINGERPRINT_PARTS", "FLOAT_DTYPES", "HF_PREFIX", "SINGLE_FILE", "Source", "SourceReader", "SourceSpec",
-    "check_claimed_dims", "check_tensors", "expert_source_name", "header", "listing", "non_expert_names",
-    "non_expert_specs", "read_json", "read_source_files", "shard_files", "source_fingerprint",
+    "EXPERTS",
+    "FINGERPRINT_FIELDS",
+    "FINGERPRINT_PARTS",
+    "FLOAT_DTYPES",
+    "HF_PREFIX",
+    "SINGLE_FILE",
+    "Source",
+    "SourceReader",
+    "SourceSpec",
+    "check_claimed_dims",
+    "check_tensors",
+    "expert_source_name",
+    "header",
+    "listing",
+    "non_expert_names",
+    "non_expert_specs",
+    "provenance_fingerprint",
+    "read_json",
+    "read_source_files",
+    "shard_files",
 ]
 
 HF_PREFIX = "model."
@@ -107,10 +124,10 @@ class Source:
         return record
 
     def fingerprint(self) -> dict[str, str]:
-        """What identifies this source's files, not where they are (``source_fingerprint``): reads
+        """What identifies this source's files, not where they are (``provenance_fingerprint``): reads
         the config, the headers and a few blocks of each shard, so ``verify-conversion`` can tell
         at once whether a source is the one an output records."""
-        return source_fingerprint(self.root, sorted({path for path, _info in self.tensors.values()}))
+        return provenance_fingerprint(self.root, sorted({path for path, _info in self.tensors.values()}))
 
 
 FINGERPRINT_FIELDS = ("config_sha256", "headers_sha256", "samples_sha256")
@@ -118,23 +135,24 @@ FINGERPRINT_PARTS = {"config_sha256": "config.json", "headers_sha256": "shard he
                      "samples_sha256": "sampled tensor data"}
 
 
-def source_fingerprint(root: str, shard_paths: list[str]) -> dict[str, str]:
-    """``Source.fingerprint`` of the files at ``root``: SHA-256 of ``config.json``, of every
+def provenance_fingerprint(root: str, shard_paths: list[str]) -> dict[str, str]:
+    """``Source.fingerprint`` of the files at ``root``, what the converter's provenance records to
+    tell a source's files wherever they sit (not ``checkpoint_identity``, which binds pre-sharded
+    weights to a normalized checkpoint): SHA-256 of ``config.json``, of every
     shard's name and header, and of every shard's name and evenly spread data samples (the
     pre-sharded manifest's blocks); ``ConversionError`` when a file cannot be read."""
     from ..validate.presharded_manifest import SAMPLE_BLOCK, SAMPLE_BLOCKS, read_rank
 
     config_path = os.path.join(root, fmt.CONFIG_FILE)
     try:
-        with open_regular(config_path) as handle:
-            config = hashlib.sha256(handle.read(MAX_JSON_FILE_BYTES + 1)).hexdigest()
+        config = hashlib.sha256(read_bounded(config_path, MAX_JSON_FILE_BYTES)[0]).hexdigest()
         headers, samples = hashlib.sha256(), hashlib.sha256()
         for path in shard_paths:
             read = read_rank(path, SAMPLE_BLOCKS, SAMPLE_BLOCK)
             name = os.path.basename(path)
             headers.update(f"{name}\0{hashlib.sha256(read.header).hexdigest()}\n".encode())
             samples.update(f"{name}\0{read.sample_sha256}\n".encode())
-    except (OSError, NotRegularFileError, HeaderError) as exc:
+    except (OSError, NotRegularFileError, HeaderError, FileTooLargeError) as exc:
         raise ConversionError(f"cannot fingerprint the source at {root}: {getattr(exc, 'strerror', None) or exc}") from None
     return {"config_sha256": config, "headers_sha256": headers.hexdigest(), "samples_sha256": samples.hexdigest()}
 

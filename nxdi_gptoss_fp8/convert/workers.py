@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from .. import format as fmt
 from ..errors import ConversionError
-from ..host import available_memory, host_cpus
+from ..machine import available_memory, host_cpus
 from ..units import format_bytes, plural
 from ..writer import CheckpointWriter, PlannedTensor, planned_bytes, pwrite_all
 

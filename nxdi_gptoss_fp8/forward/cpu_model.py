@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from .. import format as fmt
+from ..deps import importable, module_version
 from ..errors import CpuModelError
 from ..safeio.json_file import read_json_file
 
@@ -113,13 +114,13 @@ def require_nxdi() -> None:
     ``torch_neuronx`` exist only on Neuron hosts), so the model's module is imported here, once,
     and any failure becomes one line that names what is missing and where to get it.
     """
-    missing = [name for name in (NXDI, NXD) if not _importable(name)]
+    missing = [name for name in (NXDI, NXD) if not importable(name)]
     if missing:
         raise CpuModelError(
             f"needs NxDI: {', '.join(missing)} cannot be imported here; run this where "
             "neuronx-distributed-inference is installed (its CPU mode needs no Neuron device)"
         )
-    if not _importable("transformers"):
+    if not importable("transformers"):
         raise CpuModelError("needs transformers (the reference model): pip install 'nxdi-gptoss-fp8[forward]'")
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
@@ -143,35 +144,12 @@ def import_failure(exc: BaseException) -> str:
     return f"NxDI is importable here only in part: importing {MODELING} failed: {type(exc).__name__}: {first}"
 
 
-def _importable(name: str) -> bool:
-    if sys.modules.get(name) is not None:
-        return True
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _module_version(name: str) -> str:
-    from importlib import metadata
-
-    for dist in (name.replace("_", "-"), name):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    try:
-        return str(importlib.import_module(f"{name}._version").__version__)
-    except (ImportError, AttributeError):
-        return str(getattr(importlib.import_module(name), "__version__", "unknown"))
-
-
 def environment() -> dict[str, dict[str, str]]:
     """Version and import location of NxDI, NxD, torch and transformers (imports them)."""
     out = {}
     for name in (NXDI, NXD, "torch", "transformers"):
         module = importlib.import_module(name)
-        out[name] = {"version": _module_version(name), "path": os.path.dirname(os.path.abspath(module.__file__ or ""))}
+        out[name] = {"version": module_version(name), "path": os.path.dirname(os.path.abspath(module.__file__ or ""))}
     return out
 
 

@@ -78,10 +78,10 @@ def forward_memory(layout: fmt.Layout, layers: int, seq_len: int) -> MemoryNeed:
 
 def check_memory(need: MemoryNeed, available: tuple[int | None, str] | None = None) -> str:
     """A line saying what the check needs and what the host offers; ``CpuModelError`` (one line)
-    when the host offers less (``available`` defaults to ``host.available_memory()``:
+    when the host offers less (``available`` defaults to ``machine.available_memory()``:
     MemAvailable, or the memory cgroup's headroom when smaller)."""
     from ..errors import CpuModelError
-    from ..host import available_memory
+    from ..machine import available_memory
 
     offered, where = available if available is not None else available_memory()
     if offered is None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import format as fmt
+from ..deps import importable
 from ..errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError, refusals_stop_the_start
 from ..validate.findings import PreflightReport
 from ..validate.pipeline import allow_custom_from_env, preflight
@@ -473,12 +474,7 @@ def is_registered() -> bool:
 
 def nxdi_available() -> bool:
     """Whether NxDI can be imported here (without importing it)."""
-    if sys.modules.get(NXDI_PACKAGE) is not None:
-        return True
-    try:
-        return importlib.util.find_spec(NXDI_PACKAGE) is not None
-    except (ImportError, ValueError):
-        return False
+    return importable(NXDI_PACKAGE)
 
 
 def run_inference_demo(argv: Sequence[str]) -> int:

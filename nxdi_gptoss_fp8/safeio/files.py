@@ -7,19 +7,21 @@ a device could stream without end, a directory cannot be read. ``open_regular`` 
 that ``stat`` says is a regular file — a FIFO, socket, device or directory is refused before it
 is opened — and checks again with ``fstat`` that the opened object is a regular file (race-free:
 it is the object that will be read), refusing anything else with ``NotRegularFileError`` before a
-byte is read.
+byte is read. ``read_bounded`` is the one reader of a whole small file: bounded, and refusing
+(``FileTooLargeError``) a file above the bound instead of truncating it.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..errors import NotRegularFileError
+from ..errors import FileTooLargeError, NotRegularFileError
 
-__all__ = ["FileIdentity", "file_kind", "not_regular_reason", "open_regular"]
+__all__ = ["FileIdentity", "file_kind", "not_regular_reason", "open_regular", "read_bounded"]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -117,3 +119,28 @@ def open_regular(path: str | os.PathLike[str], *, buffering: int = -1) -> Binary
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_bounded(path: str | os.PathLike[str], limit: int, *,
+                 on_read: Callable[[bytes, FileIdentity], None] | None = None) -> tuple[bytes, FileIdentity]:
+    """The bytes of the regular file ``path`` and the identity of the file they came from, never
+    more than ``limit`` bytes and never fewer than the file holds.
+
+    The size is checked on the opened file before a byte is read and again on what was read (a
+    file growing while it is read); either way ``FileTooLargeError``, never a truncated read.
+    ``on_read``, when given, gets the bytes read and the identity before the second check (the
+    preflight counts and hashes what it read). ``NotRegularFileError`` / ``OSError`` as
+    ``open_regular``.
+    """
+    with open_regular(path) as handle:
+        identity = FileIdentity.of(os.fstat(handle.fileno()))
+        if identity.size > limit:
+            raise FileTooLargeError(f"{os.fspath(path)} is {identity.size:,} bytes, above the {limit:,}-byte limit",
+                                    size=identity.size, limit=limit, grew=False)
+        raw = handle.read(limit + 1)
+    if on_read is not None:
+        on_read(raw, identity)
+    if len(raw) > limit:
+        raise FileTooLargeError(f"{os.fspath(path)} grew above the {limit:,}-byte limit while it was read",
+                                size=len(raw), limit=limit, grew=True)
+    return raw, identity

@@ -1,10 +1,10 @@
 """The one reader of a JSON file: a regular file, bounded in size, strict JSON. Stdlib only.
 
 Every JSON file the package reads from a checkpoint, a source or a Hub snapshot goes through
-``read_json_file``: the path is opened with ``open_regular`` (a FIFO,
-socket, device or directory is refused before it is opened), its size is checked on the opened
-file before a byte is read and again on what was read (a file growing while it is read), the
-bytes must be UTF-8, and the text is parsed by ``parse_json_strict``. Every refusal is a
+``read_json_file``: the bytes are read by ``read_bounded`` (a FIFO, socket, device or directory is
+refused before it is opened; the size is checked on the opened file before a byte is read and
+again on what was read, a file growing while it is read), they must be UTF-8, and the text is
+parsed by ``parse_json_strict``. Every refusal is a
 ``JsonFileError`` whose ``code`` says which step refused and whose ``cause`` is the underlying
 exception, so each caller words its own message (finding, note or error) as before.
 """
@@ -15,8 +15,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import NotRegularFileError, NxdiGptossFp8Error
-from .files import FileIdentity, open_regular
+from ..errors import FileTooLargeError, NotRegularFileError, NxdiGptossFp8Error
+from .files import FileIdentity, read_bounded
 from .strict_json import JsonError, parse_json_strict
 
 __all__ = ["MAX_JSON_FILE_BYTES", "JsonFileError", "read_json_file"]
@@ -54,14 +54,12 @@ class JsonFileError(NxdiGptossFp8Error):
         return self.code in ("too_large", "grew")
 
 
-def _read(path: str | os.PathLike[str], limit: int) -> tuple[bytes, FileIdentity]:
+def _read(path: str | os.PathLike[str], limit: int,
+          on_read: Callable[[bytes, FileIdentity], None] | None) -> bytes:
     try:
-        with open_regular(path) as handle:
-            identity = FileIdentity.of(os.fstat(handle.fileno()))
-            if identity.size > limit:
-                raise JsonFileError("too_large", None, f"{os.fspath(path)} is {identity.size:,} bytes, above the "
-                                    f"{limit:,}-byte limit", size=identity.size, limit=limit)
-            return handle.read(limit + 1), identity
+        return read_bounded(path, limit, on_read=on_read)[0]
+    except FileTooLargeError as exc:
+        raise JsonFileError("grew" if exc.grew else "too_large", None, str(exc), size=exc.size, limit=exc.limit) from None
     except NotRegularFileError as exc:
         raise JsonFileError("not_a_file", exc, str(exc)) from None
     except OSError as exc:
@@ -80,12 +78,7 @@ def read_json_file(path: str | os.PathLike[str], *, what: str, max_bytes: int | 
     checkpoint's own JSON. Raises ``JsonFileError``.
     """
     limit = MAX_JSON_FILE_BYTES if max_bytes is None else max_bytes
-    raw, identity = _read(path, limit)
-    if on_read is not None:
-        on_read(raw, identity)
-    if len(raw) > limit:
-        raise JsonFileError("grew", None, f"{os.fspath(path)} grew above the {limit:,}-byte limit while it was read",
-                            size=len(raw), limit=limit)
+    raw = _read(path, limit, on_read)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

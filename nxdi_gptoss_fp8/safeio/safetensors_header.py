@@ -37,7 +37,7 @@ from .strict_json import JsonError, NonInteger, parse_json_strict
 
 __all__ = [
     "MAX_HEADER_SIZE", "METADATA_KEY", "PREFIX_SIZE", "HeaderError", "SafetensorsHeader",
-    "TensorInfo", "parse_header_bytes", "read_header",
+    "TensorInfo", "parse_header_bytes", "read_header", "read_header_bytes",
 ]
 
 MAX_HEADER_SIZE = 100_000_000
@@ -109,6 +109,37 @@ def _read_exact(handle: BinaryIO, size: int) -> bytes:
     return b"".join(chunks)
 
 
+def read_header_bytes(handle: BinaryIO, file_size: int, *, max_header_size: int = MAX_HEADER_SIZE) -> bytes:
+    """The header bytes (without the length prefix) of the safetensors file open as ``handle``
+    (at its start) of ``file_size`` bytes: the one reader of a length prefix and what it covers.
+
+    Reads the 8-byte prefix, then the header only once its length fits the cap and the file
+    (nothing is allocated from the length before that). ``HeaderError`` with code ``too_short``,
+    ``header_too_large`` or ``header_beyond_file`` (also for a file that shrank while read).
+    """
+    prefix = _read_exact(handle, PREFIX_SIZE)
+    if len(prefix) < PREFIX_SIZE:
+        raise HeaderError(
+            "too_short", f"file is {file_size} bytes, shorter than the 8-byte length prefix"
+        )
+    (length,) = struct.unpack("<Q", prefix)
+    if length > max_header_size:
+        raise HeaderError(
+            "header_too_large",
+            f"header length {length} is above the {max_header_size}-byte limit",
+        )
+    if PREFIX_SIZE + length > file_size:
+        raise HeaderError(
+            "header_beyond_file",
+            f"header length {length} runs past the end of the {file_size}-byte file "
+            "(truncated or not a safetensors file)",
+        )
+    raw = _read_exact(handle, length)
+    if len(raw) != length:
+        raise HeaderError("header_beyond_file", "file shrank while its header was read")
+    return raw
+
+
 def read_header(path: str | os.PathLike[str], *, max_header_size: int = MAX_HEADER_SIZE) -> SafetensorsHeader:
     """Read and validate the header of the safetensors file at ``path``.
 
@@ -118,26 +149,7 @@ def read_header(path: str | os.PathLike[str], *, max_header_size: int = MAX_HEAD
     """
     with open_regular(path) as handle:
         identity = FileIdentity.of(os.fstat(handle.fileno()))
-        prefix = _read_exact(handle, PREFIX_SIZE)
-        if len(prefix) < PREFIX_SIZE:
-            raise HeaderError(
-                "too_short", f"file is {identity.size} bytes, shorter than the 8-byte length prefix"
-            )
-        (length,) = struct.unpack("<Q", prefix)
-        if length > max_header_size:
-            raise HeaderError(
-                "header_too_large",
-                f"header length {length} is above the {max_header_size}-byte limit",
-            )
-        if PREFIX_SIZE + length > identity.size:
-            raise HeaderError(
-                "header_beyond_file",
-                f"header length {length} runs past the end of the {identity.size}-byte file "
-                "(truncated or not a safetensors file)",
-            )
-        raw = _read_exact(handle, length)
-    if len(raw) != length:
-        raise HeaderError("header_beyond_file", "file shrank while its header was read")
+        raw = read_header_bytes(handle, identity.size, max_header_size=max_header_size)
     return parse_header_bytes(raw, path=os.fspath(path), identity=identity)
 
 

@@ -37,7 +37,9 @@ from ..convert import (
 )
 from ..convert.fp8 import FP8_DTYPE
 from ..convert.mxfp4 import BLOCK_SIZE
-from ..output_target import SOURCE, staged_output
+from ..machine import current_umask
+from ..output_target.install import staged_output
+from ..output_target.rule import SOURCE
 from .tiny_stdlib import SOURCE_DIMS, check_seed, count_problems, dims_problems
 
 MXFP4_QUANTIZATION_CONFIG = {
@@ -110,20 +112,6 @@ def shard_groups(names: list[str], shards: int | str) -> list[list[str]]:
     for name in names:
         groups.setdefault(place(name), []).append(name)
     return [groups[key] for key in sorted(groups)]
-
-
-def current_umask() -> int:
-    """The process's umask (read without changing it where Linux tells it)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def save_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
@@ -385,7 +373,7 @@ def write_legacy_fp8(out: str | os.PathLike[str], normalized: str | os.PathLike[
 
 
 __all__ = ["EXACT_SCALE_RANGE", "PER_LAYER", "REALISTIC_SCALE_RANGE", "SOURCE_BF16", "SOURCE_COMPRESSED_TENSORS",
-           "SOURCE_DIMS", "SOURCE_MXFP4", "compressed_tensors_config", "compressed_tensors_tensors", "current_umask",
+           "SOURCE_DIMS", "SOURCE_MXFP4", "compressed_tensors_config", "compressed_tensors_tensors",
            "legacy_fp8_tensors", "load_source", "make_compressed_tensors_source", "make_source",
            "quantize_fp8_channel", "shard_groups", "source_config", "source_tensors", "write_indexed",
            "write_legacy_fp8", "write_source", "write_transformers_shards"]

@@ -26,7 +26,6 @@ reported in the same order whatever the thread count.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,9 +39,9 @@ except ImportError:  # the validator itself needs only the standard library
     np = None  # type: ignore[assignment]
 
 from .. import format as fmt
-from ..cpu_cache import cache_chunk_bytes
 from ..deps import missing
 from ..errors import NotRegularFileError
+from ..machine import cache_chunk_bytes, usable_cpus
 from ..padding import Region, padding_region
 from ..progress import Progress
 from ..safeio.files import open_regular
@@ -311,7 +310,7 @@ def deep_scan(view: CheckpointView, report: PreflightReport, *, chunk_bytes: int
     total = sum(t.nbytes for t in targets)
     by_shard = {shard: sorted((t for t in targets if t.shard == shard), key=lambda t: t.offset)
                 for shard in sorted({t.shard for t in targets})}
-    threads = max(1, min(len(by_shard), workers or os.cpu_count() or 1))
+    threads = max(1, min(len(by_shard), workers or usable_cpus()))
     bar = Progress(total, "deep scan", show=show_progress)
     cancel = threading.Event()
     try:

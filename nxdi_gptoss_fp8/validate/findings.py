@@ -15,7 +15,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PreflightError
-from ..units import format_duration, plural
+from ..units import format_duration, plural, printable
 
 if TYPE_CHECKING:
     from .binding import CheckedCheckpoint
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKS", "DAMAGE_CODES", "GROUP_AFTER", "MAX_FINDINGS_PER_CODE", "Finding", "PreflightReport", "Severity",
-    "damaged_shards", "printable",
+    "damaged_shards",
 ]
 
 
@@ -51,20 +51,6 @@ CHECKS = (
     "integrity",
     "presharded",
 )
-
-
-def _escape(char: str) -> str:
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def printable(text: str) -> str:
-    """``text`` with every character a terminal acts on or hides escaped (``\\x1b``, ``\\r``,
-    ``\\u202e``...): names come from the checkpoint, and a shard or tensor name holding a carriage
-    return, an ANSI escape or a line break must not forge, recolour or hide a line of the verdict."""
-    if text.isprintable():
-        return text
-    return "".join(char if char.isprintable() else _escape(char) for char in text)
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ was requested and could not run must fail closed. Shards are hashed in parallel 
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import format as fmt
+from ..machine import usable_cpus
 from ..progress import Progress
 from ..safeio.hashing import hash_files
 from ..units import format_bytes, format_duration, plural
@@ -92,7 +92,7 @@ def check_digests(
     if not expected:
         return None
     paths = {shard: view.headers[shard].path for shard in expected}
-    threads = max(1, min(len(paths), workers or os.cpu_count() or 1))
+    threads = max(1, min(len(paths), workers or usable_cpus()))
     total = sum(view.headers[shard].identity.size for shard in paths)
     started = time.perf_counter()
     try:

@@ -8,7 +8,7 @@ those files to the compile that wrote them and to the checkpoint they came from:
 * ``write_manifest`` (after NxDI's ``shard_weights``, in normalized mode) records, atomically and
   last, every rank file's size, header SHA-256, a sample digest and whole-file SHA-256 (hashed in
   parallel), the NeuronConfig settings that change what the shards hold, and the source
-  checkpoint's path and fingerprint (``source_fingerprint``) — the manifest and its writing live
+  checkpoint's path and fingerprint (``checkpoint_identity``) — the manifest and its writing live
   in ``presharded_manifest``;
 * ``check_presharded`` (this module; before NxDI's ``load_weights``, and ``validate COMPILED``)
   refuses, as findings of the ``presharded`` check, a missing or foreign manifest, a missing, truncated,
@@ -43,13 +43,14 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import IntegrityError, NotRegularFileError, ShardedWeightsError
+from ..machine import usable_cpus
 from ..nxdi.config import config_attr, neuron_config_view
 from ..progress import Progress
 from ..safeio.files import FileIdentity
 from ..safeio.hashing import hash_files
 from ..safeio.safetensors_header import HeaderError
-from ..units import format_bytes, format_duration, plural
-from .findings import PreflightReport, Severity, printable
+from ..units import format_bytes, format_duration, plural, printable
+from .findings import PreflightReport, Severity
 from .presharded_manifest import (
     MANIFEST_FILE,
     MAX_RANKS,
@@ -60,14 +61,13 @@ from .presharded_manifest import (
     Manifest,
     ManifestError,
     Source,
+    checkpoint_identity,
     fix_reshard,
-    hash_workers,
     manifest_path,
     rank_file,
     read_manifest,
     read_rank,
     shard_settings,
-    source_fingerprint,
 )
 
 __all__ = [
@@ -271,7 +271,7 @@ def _link_target(path: str) -> str:
 
 def _fingerprint(path: str) -> Mapping[str, Any]:
     try:
-        return source_fingerprint(path)
+        return checkpoint_identity(path)
     except (OSError, IntegrityError) as exc:
         return {"unreadable": getattr(exc, "strerror", None) or str(exc)}
 
@@ -315,7 +315,7 @@ def _check_sources(check: ShardedCheck, manifest: Manifest, exists: Callable[[st
                         "the manifest only", check.compiled_dir, source.path)
             continue
         try:
-            current: Mapping[str, Any] = source_fingerprint(source.path)
+            current: Mapping[str, Any] = checkpoint_identity(source.path)
         except (OSError, IntegrityError) as exc:
             current = {"unreadable": getattr(exc, "strerror", None) or str(exc)}
         changed = [word for key, word in (("index_sha256", fmt.INDEX_FILE), ("config_sha256", fmt.CONFIG_FILE))
@@ -349,7 +349,7 @@ def _verify_digests(check: ShardedCheck, manifest: Manifest, weights: str, worke
     started = time.perf_counter()
     try:
         with Progress(total, "sha256 pre-sharded weights", show=progress) as shown:
-            actual = hash_files(paths, workers=workers or hash_workers(), progress=shown.update)
+            actual = hash_files(paths, workers=workers or usable_cpus(), progress=shown.update)
     except OSError as exc:
         check.add("unreadable", f"cannot hash {exc.filename}: {exc.strerror or exc}", file=exc.filename)
         return

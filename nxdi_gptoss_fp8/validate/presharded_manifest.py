@@ -3,7 +3,7 @@
 ``write_manifest`` (after NxDI's ``shard_weights``, in normalized mode) records, atomically and
 last, every rank file's size, header SHA-256, a sample digest and whole-file SHA-256 (hashed in
 parallel), the NeuronConfig settings that change what the shards hold (``shard_settings``), and
-the source checkpoint's path and fingerprint (``source_fingerprint``). ``read_manifest`` reads it
+the source checkpoint's path and fingerprint (``checkpoint_identity``). ``read_manifest`` reads it
 back strictly (``ManifestError``). The check against the files on disk is ``validate.presharded``;
 the two share the rank-file reader here (``read_rank``, ``sample_offsets``). The writer checks
 that the samples tell apart every two ranks whose bytes differ, doubling the blocks until they
@@ -25,22 +25,45 @@ from typing import Any
 
 from .. import format as fmt
 from .._version import __version__
-from ..errors import IntegrityError
+from ..errors import FileTooLargeError, IntegrityError
+from ..machine import usable_cpus
 from ..nxdi.config import config_attr, neuron_config_view
 from ..progress import Progress
-from ..safeio.files import FileIdentity, open_regular
+from ..safeio.files import FileIdentity, open_regular, read_bounded
 from ..safeio.hashing import hash_files
 from ..safeio.json_file import JsonFileError, read_json_file
-from ..safeio.safetensors_header import MAX_HEADER_SIZE, PREFIX_SIZE, HeaderError, parse_header_bytes
+from ..safeio.safetensors_header import PREFIX_SIZE, HeaderError, parse_header_bytes, read_header_bytes
 from ..safeio.strict_json import JsonError, parse_json_strict
-from .findings import printable
+from ..units import printable
 from .integrity import DIGESTS_KEY
 
 __all__ = [
-    "MANIFEST_FILE", "MANIFEST_FORMAT", "MANIFEST_VERSION", "MAX_MANIFEST_BYTES", "MAX_RANKS", "MAX_SAMPLE_BLOCKS",
-    "RANK_FILE", "SAMPLE_BLOCK", "SAMPLE_BLOCKS", "SHARD_SETTINGS", "WEIGHTS_DIR", "HeaderCache", "Manifest",
-    "ManifestError", "RankEntry", "RankRead", "Source", "fix_reshard", "hash_workers", "manifest_path", "rank_file",
-    "read_manifest", "read_rank", "remove_manifest", "sample_offsets", "shard_settings", "source_fingerprint",
+    "MANIFEST_FILE",
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "MAX_MANIFEST_BYTES",
+    "MAX_RANKS",
+    "MAX_SAMPLE_BLOCKS",
+    "RANK_FILE",
+    "SAMPLE_BLOCK",
+    "SAMPLE_BLOCKS",
+    "SHARD_SETTINGS",
+    "WEIGHTS_DIR",
+    "HeaderCache",
+    "Manifest",
+    "ManifestError",
+    "RankEntry",
+    "RankRead",
+    "Source",
+    "checkpoint_identity",
+    "fix_reshard",
+    "manifest_path",
+    "rank_file",
+    "read_manifest",
+    "read_rank",
+    "remove_manifest",
+    "sample_offsets",
+    "shard_settings",
     "write_manifest",
 ]
 
@@ -112,16 +135,16 @@ def shard_settings(config: Any) -> dict[str, Any]:
 
 
 def _read_bounded(path: str, limit: int) -> bytes:
-    with open_regular(path) as handle:
-        raw = handle.read(limit + 1)
-    if len(raw) > limit:
-        raise IntegrityError(f"{path} is larger than {limit:,} bytes: not read")
-    return raw
+    try:
+        return read_bounded(path, limit)[0]
+    except FileTooLargeError:
+        raise IntegrityError(f"{path} is larger than {limit:,} bytes: not read") from None
 
 
-def source_fingerprint(checkpoint_dir: str) -> dict[str, Any]:
-    """SHA-256 of a checkpoint's index and ``config.json``, and the index's ``shard_sha256`` map
-    (None when it records none). ``OSError`` / ``IntegrityError`` when they cannot be read."""
+def checkpoint_identity(checkpoint_dir: str) -> dict[str, Any]:
+    """What identifies the normalized checkpoint a set of shards was loaded from (not the
+    converter's ``provenance_fingerprint`` of a source): SHA-256 of its index and ``config.json``,
+    and the index's ``shard_sha256`` map (None when it records none). ``OSError`` / ``IntegrityError`` when they cannot be read."""
     index_raw = _read_bounded(os.path.join(checkpoint_dir, fmt.INDEX_FILE), MAX_MANIFEST_BYTES * 4)
     config_raw = _read_bounded(os.path.join(checkpoint_dir, fmt.CONFIG_FILE), MAX_MANIFEST_BYTES)
     digests = None
@@ -323,15 +346,9 @@ def read_rank(path: str, blocks: int, block_size: int) -> RankRead:
     with open_regular(path, buffering=0) as handle:
         fd = handle.fileno()
         identity = FileIdentity.of(os.fstat(fd))
-        prefix = os.pread(fd, PREFIX_SIZE, 0)
-        if len(prefix) < PREFIX_SIZE:
-            raise HeaderError("too_short", f"file is {identity.size} bytes, shorter than the 8-byte length prefix")
-        length = int.from_bytes(prefix, "little")
-        if length > MAX_HEADER_SIZE or PREFIX_SIZE + length > identity.size:
-            raise HeaderError("header_beyond_file", f"header length {length:,} does not fit the {identity.size:,}-byte file")
-        header = os.pread(fd, length, PREFIX_SIZE)
+        header = read_header_bytes(handle, identity.size)
         digest = hashlib.sha256()
-        for offset, count in sample_offsets(identity.size, PREFIX_SIZE + length, blocks, block_size):
+        for offset, count in sample_offsets(identity.size, PREFIX_SIZE + len(header), blocks, block_size):
             digest.update(os.pread(fd, count, offset))
     return RankRead(identity, header, digest.hexdigest())
 
@@ -356,13 +373,6 @@ class HeaderCache:
 # --------------------------------------------------------------------------- writing
 
 
-def hash_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
-
-
 def write_manifest(compiled_dir: str, *, ranks: Iterable[int], config: Any, sources: Sequence[Source],
                    workers: int | None = None, progress: bool | None = None) -> Manifest:
     """Hash the rank files NxDI just wrote and record them, atomically, in the manifest.
@@ -384,7 +394,7 @@ def write_manifest(compiled_dir: str, *, ranks: Iterable[int], config: Any, sour
                                  "no manifest was written: shard again") from None
     total = sum(os.stat(path).st_size for path in paths.values())
     with Progress(total, "sha256 pre-sharded weights", show=progress) as shown:
-        digests = hash_files(paths, workers=workers or hash_workers(), progress=shown.update)
+        digests = hash_files(paths, workers=workers or usable_cpus(), progress=shown.update)
     blocks = SAMPLE_BLOCKS
     while True:
         samples = {int(rank): read_rank(path, blocks, SAMPLE_BLOCK).sample_sha256 for rank, path in paths.items()}

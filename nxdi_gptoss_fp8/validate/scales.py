@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import format as fmt
-from ..cpu_cache import cache_chunk_bytes
+from ..machine import cache_chunk_bytes
 from ..nxdi.config import bounded_int
 from ..safeio.files import open_regular
 from ..safeio.safetensors_header import TensorInfo
@@ -20,7 +20,7 @@ from .view import CheckpointView
 __all__ = ["MAX_SCALE_BYTES", "ScaleStats", "loaded_numpy", "scale_stats"]
 
 
-# Scales are read in cache-sized chunks (``cpu_cache``) through one buffer, and never more than
+# Scales are read in cache-sized chunks (``machine.cache_chunk_bytes``) through one buffer, and never more than
 # this in all: the published profiles hold 159 MB (120b) and 360 MB (120b padded to 3072/8192).
 MAX_SCALE_BYTES = 1024 * 1024 * 1024
 

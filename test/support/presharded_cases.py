@@ -2,7 +2,7 @@
 and the ones driving NxDI's real ``shard_weights`` / ``load_weights`` (``test_nxdi_presharded.py``).
 
 ``modeling`` is either module (stand-in or real ``modeling_gpt_oss``); both build the app the
-same way. The compile step is ``app.shard_weights(COMPILED)`` after ``app.config.save(COMPILED)``
+same way (``standin`` installs the stand-in the way every stand-in test sees it). The compile step is ``app.shard_weights(COMPILED)`` after ``app.config.save(COMPILED)``
 (what NxDI's ``compile()`` does around tracing); the load step is ``load_weights`` on an app
 built from ``COMPILED/neuron_config.json`` (or from a changed NeuronConfig), whose
 ``traced_model`` records what ``nxd_model.initialize`` received.
@@ -10,26 +10,25 @@ built from ``COMPILED/neuron_config.json`` (or from a changed NeuronConfig), who
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import nxdi_standin
 import pytest
 import torch
-from safetensors.torch import load_file
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
-
 from nxdi_standin.model_builder import RecordingTracedModel, ShardingBuilder
 from real_nxdi import gptoss_app
+from safetensors.torch import load_file
 
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
 from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
 from nxdi_gptoss_fp8.validate import presharded as sm
 from nxdi_gptoss_fp8.validate import presharded_manifest as pm
@@ -40,6 +39,17 @@ FP8_NEURON_CONFIG: dict[str, Any] = {
     "modules_to_not_convert": ["lm_head", "self_attn"], "logical_nc_config": 1, "tp_degree": TP,
     "save_sharded_checkpoint": True,
 }
+
+
+@contextlib.contextmanager
+def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    """The stand-in NxDI installed, no checkpoint format chosen, verification at load unset and
+    custom models allowed (the stand-in's config is a custom one)."""
+    monkeypatch.delenv(nxdi_hook.ENV_VAR, raising=False)
+    monkeypatch.delenv(fmt.VERIFY_AT_LOAD_ENV, raising=False)
+    monkeypatch.setenv(fmt.ALLOW_CUSTOM_ENV, "1")
+    with nxdi_standin.installed() as modules:
+        yield modules
 
 
 def make_app(modeling: ModuleType, ckpt: Path, **overrides: Any) -> Any:

@@ -15,10 +15,11 @@ from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import mxfp4, output
 from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
+from nxdi_gptoss_fp8.convert.verify import verify_conversion
+from nxdi_gptoss_fp8.convert.verify_values import nonzero
 from nxdi_gptoss_fp8.errors import ConversionError
 from nxdi_gptoss_fp8.safeio.safetensors_header import read_header
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_DIMS, SOURCE_MXFP4, make_source
-from nxdi_gptoss_fp8.verify import _nonzero, verify_conversion
 
 conversion_place_gate_up = conversion.place_gate_up
 
@@ -182,18 +183,18 @@ def test_byte_comparison_doubles_every_byte_within_240() -> None:
     """Stored byte doubled by integer ops == the E4M3 byte of twice its value, for every byte
     whose double E4M3 holds (up to ±224; the source is E4M3 too); a scale that is neither the source's nor twice it leaves the bytes uncompared."""
     from nxdi_gptoss_fp8.convert.fp8 import FP8_DTYPE
-    from nxdi_gptoss_fp8.verify import _byte_mismatches
+    from nxdi_gptoss_fp8.convert.verify_values import byte_mismatches
 
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     codes = codes[(codes & 0x7F) <= 0x76].unsqueeze(0)
     doubled = (codes.view(FP8_DTYPE).float() * 2).to(FP8_DTYPE).view(torch.uint8)
     one = torch.ones(1)
     for stored_scale, source in ((2 * one, doubled), (one, codes)):
-        rows, differ = _byte_mismatches(codes, stored_scale, source, one)
+        rows, differ = byte_mismatches(codes, stored_scale, source, one)
         assert rows.numel() == 0 and not differ.any()
-    rows, differ = _byte_mismatches(codes, one, doubled, one)
+    rows, differ = byte_mismatches(codes, one, doubled, one)
     assert rows.tolist() == [0] and torch.equal(differ != 0, codes != doubled)
-    assert _byte_mismatches(codes, 3 * one, doubled, one) is None
+    assert byte_mismatches(codes, 3 * one, doubled, one) is None
 
 
 @pytest.mark.parametrize("which", ["shard", "index", "config"])
@@ -255,12 +256,12 @@ def _requantized_expert(case: str) -> tuple[object, torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("case", ["clean", "zeros-and-wide", "representable", "one-step-off", "tiny-scales", "flushed"])
 def test_the_float32_screen_gives_the_float64_verdicts(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nxdi_gptoss_fp8 import verify
+    from nxdi_gptoss_fp8.convert import verify_expert, verify_values
 
     want, stored, scale = _requantized_expert(case)
-    screened = verify.compare_expert(want, stored, scale, fmt.GATE_UP, 64, "expert")
-    monkeypatch.setattr(verify._Screen, "__call__", verify._no_screen)  # the float64 judge alone
-    judged = verify.compare_expert(want, stored, scale, fmt.GATE_UP, 64, "expert")
+    screened = verify_expert.compare_expert(want, stored, scale, fmt.GATE_UP, 64, "expert")
+    monkeypatch.setattr(verify_values.Screen, "__call__", verify_values.no_screen)  # the float64 judge alone
+    judged = verify_expert.compare_expert(want, stored, scale, fmt.GATE_UP, 64, "expert")
     assert screened == judged
     assert (judged.violations > 0) == (case in ("one-step-off", "representable"))
     if case == "flushed":  # never shown as relative error 1, in either path
@@ -274,5 +275,5 @@ def test_nonzero_lists_what_torch_lists_in_its_order(rows: int, cols: int, densi
     generator = torch.Generator().manual_seed(rows * cols + offset)
     whole = torch.rand(rows * cols + offset, generator=generator) < density
     mask = whole[offset:].view(rows, cols)
-    got, want = _nonzero(mask), mask.nonzero(as_tuple=True)
+    got, want = nonzero(mask), mask.nonzero(as_tuple=True)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

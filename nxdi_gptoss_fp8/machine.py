@@ -1,22 +1,37 @@
-"""What this host offers a run: the CPUs it may use (its affinity, bounded by a cgroup CPU
-quota) and the memory it may still take (MemAvailable, or the memory cgroup's headroom when
-that is smaller). The converter's workers and check-forward's memory check size themselves by
-these. Stdlib only; Linux's /proc and /sys/fs/cgroup, and nothing found elsewhere.
+"""What this machine is, for this process: the CPUs it may use (its affinity, bounded by a cgroup
+CPU quota), the memory it may still take (MemAvailable, or the memory cgroup's headroom when that
+is smaller), the CPU's L2 cache size (and the read chunk sized to it) and the umask. Every module
+that sizes a pool, a chunk or a file mode by the machine asks here; ``_read`` is the one reader
+of Linux's /proc and /sys (nothing found elsewhere: the answers fall back, never fail). Stdlib
+only, a leaf the validator imports.
+
+The read chunk: the validator reads data into one reused buffer and checks it with a few passes
+over it; while the chunk fits in L2, the passes after the kernel's copy read it from L2 instead
+of L3 or memory. A chunk of half the L2 leaves room for the page-cache lines the copy streams
+through (``scripts/bench_deep_scan.py`` sweeps the sizes: on a 1 MiB L2 the deep scan ran at
+0.79-0.83x a plain read of the same bytes with 512 KiB chunks, 0.73-0.78x with 4 MiB ones).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
-__all__ = ["available_memory", "host_cpus"]
+__all__ = ["CACHE_DIR", "FALLBACK_CHUNK_BYTES", "MAX_CHUNK_BYTES", "MIN_CHUNK_BYTES", "available_memory",
+           "cache_chunk_bytes", "chunk_bytes_for", "current_umask", "host_cpus", "l2_cache_bytes", "usable_cpus"]
 
 _PROC = "/proc"
 _CGROUP = "/sys/fs/cgroup"
 _UNLIMITED = 1 << 60
+CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
+FALLBACK_CHUNK_BYTES = 512 << 10  # where the L2 size cannot be read: half of a common 1 MiB L2
+MIN_CHUNK_BYTES = 128 << 10  # below: the per-chunk calls cost more than the cache saves
+MAX_CHUNK_BYTES = 4 << 20  # above: more than half of any common L2
 
 
 def _read(path: str) -> str | None:
+    """The text of one /proc or /sys file, or None where it cannot be read."""
     try:
         with open(path, encoding="ascii") as handle:
             return handle.read()
@@ -64,6 +79,12 @@ def host_cpus() -> tuple[int, str]:
     return cpus, f"{cpus} CPUs offered"
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may use (``host_cpus`` without the why): the default size of every
+    hashing or scanning pool."""
+    return host_cpus()[0]
+
+
 def _meminfo_available() -> int | None:
     for line in (_read(os.path.join(_PROC, "meminfo")) or "").splitlines():
         if line.startswith("MemAvailable:"):
@@ -100,3 +121,54 @@ def available_memory() -> tuple[int | None, str]:
     if cgroup is not None and (system is None or cgroup < system):
         return cgroup, "under the memory cgroup's limit"
     return system, "MemAvailable"
+
+
+def l2_cache_bytes(cache_dir: str = CACHE_DIR) -> int | None:
+    """The size of the first CPU's level-2 data (or unified) cache from sysfs (``1024K``,
+    ``2M``), or None where it cannot be read (not Linux, a container hiding sysfs, odd text)."""
+    try:
+        entries = sorted(os.listdir(cache_dir))
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.startswith("index"):
+            continue
+        texts = {name: _read(os.path.join(cache_dir, entry, name)) for name in ("level", "type", "size")}
+        if None in texts.values():
+            continue
+        fields = {name: str(text).strip() for name, text in texts.items()}
+        if fields["level"] != "2" or fields["type"] not in ("Data", "Unified"):
+            continue
+        text = fields["size"]
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if scale > 1 else text
+        if digits.isdigit() and int(digits) > 0:
+            return int(digits) * scale
+    return None
+
+
+def chunk_bytes_for(l2_bytes: int | None) -> int:
+    """The chunk for an L2 cache of ``l2_bytes``: half of it, within ``MIN_CHUNK_BYTES`` …
+    ``MAX_CHUNK_BYTES``; ``FALLBACK_CHUNK_BYTES`` when the size is unknown."""
+    if l2_bytes is None:
+        return FALLBACK_CHUNK_BYTES
+    return min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, l2_bytes // 2))
+
+
+@functools.cache
+def cache_chunk_bytes() -> int:
+    """The read chunk on this machine (``chunk_bytes_for`` this CPU's L2; sysfs read once)."""
+    return chunk_bytes_for(l2_cache_bytes())
+
+
+def current_umask() -> int:
+    """The process's umask (read without changing it where Linux tells it)."""
+    for line in (_read(os.path.join(_PROC, "self", "status")) or "").splitlines():
+        if line.startswith("Umask:"):
+            try:
+                return int(line.split()[1], 8)
+            except (IndexError, ValueError):
+                break
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
