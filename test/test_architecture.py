@@ -22,8 +22,10 @@ LONG_REASON = "One module over 500 lines: "
 # stdlib tiers: never torch/numpy at module level, never a torch or NxDI tier
 STDLIB_TIERS = (f"{PKG}.safeio", f"{PKG}.validate")
 HEAVY = {"torch", "numpy", "safetensors", "transformers", "neuronx_distributed_inference", "neuronx_distributed"}
-ABOVE_STDLIB = tuple(f"{PKG}.{m}" for m in ("convert", "forward", "synthetic", "cli", "loader", "nxdi.hook", "nxdi.presharded",
-                                             "nxdi.vllm_plugin", "hub", "demo", "inspection"))
+# ``nxdi/`` as a whole: it holds only what plugs into NxDI and vLLM (NxDI's config knowledge is
+# ``validate.nxdi_config``)
+ABOVE_STDLIB = tuple(f"{PKG}.{m}" for m in ("convert", "forward", "synthetic", "cli", "loader", "nxdi", "hub", "demo",
+                                             "inspection"))
 # numpy, optional, tried at import (``deep_scan.np`` is None without it: ``--deep`` then says so)
 HEAVY_ALLOWED = {(f"{PKG}.validate.deep_scan", "numpy")}
 

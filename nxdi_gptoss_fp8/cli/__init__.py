@@ -21,7 +21,7 @@ from .. import format as fmt
 from .._version import __version__
 from ..deps import OPTIONAL, missing
 from ..errors import ConfigError, MissingDependencyError, NxdiGptossFp8Error
-from ..nxdi.config import switch_from_env
+from ..validate.nxdi_config import switch_from_env
 from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, UsageError
 from .convert import add_convert_command, add_verify_conversion_command
 from .env import add_doctor_command, add_env_command

@@ -69,10 +69,10 @@ def _needs(purpose: str, *modules: str) -> None:
 
 def _load_neuron_config(path: str | None) -> dict[str, Any] | None:
     """The ``--neuron-config`` JSON, read like every checkpoint JSON: regular file, strict, bounded
-    (``nxdi.config.read_config_file``, which ``preflight(neuron_config=PATH)`` uses too)."""
+    (``validate.nxdi_config.read_config_file``, which ``preflight(neuron_config=PATH)`` uses too)."""
     if path is None:
         return None
-    from ..nxdi.config import read_config_file
+    from ..validate.nxdi_config import read_config_file
 
     try:
         return read_config_file(path, f"--neuron-config {path}")

@@ -44,13 +44,13 @@ from typing import Any
 from .. import format as fmt
 from ..errors import IntegrityError, NotRegularFileError, ShardedWeightsError
 from ..machine import usable_cpus
-from ..nxdi.config import config_attr, neuron_config_view
 from ..progress import Progress
 from ..safeio.files import FileIdentity
 from ..safeio.hashing import hash_files
 from ..safeio.safetensors_header import HeaderError
 from ..units import format_bytes, format_duration, plural, printable
 from .findings import PreflightReport, Severity
+from .nxdi_config import config_attr, neuron_config_view
 from .presharded_manifest import (
     MANIFEST_FILE,
     MAX_RANKS,
