@@ -67,6 +67,38 @@ def test_validate_json(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]
     }
 
 
+def _timeless(document: dict[str, Any]) -> dict[str, Any]:
+    """A report's document without the one figure two runs never share."""
+    return {**document, "summary": {k: v for k, v in document["summary"].items() if k != "elapsed_s"}}
+
+
+@pytest.mark.parametrize(("case", "options", "keywords"), [
+    ("valid", ["--allow-custom-model"], {"allow_custom_model": True}),
+    ("partial", ["--allow-custom-model", "--headers-only"], {"allow_custom_model": True, "read_scales": False}),
+    ("invalid", ["--allow-custom-model"], {"allow_custom_model": True}),
+    ("hf-mxfp4", [], {}),
+])
+def test_validate_json_is_the_library_report_plus_ok(case: str, options: list[str], keywords: dict[str, Any],
+                                                     tiny_checkpoint: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``validate --json`` prints ``preflight(...).to_dict()`` (``ok`` and the ``hint`` included), nothing added."""
+    from nxdi_gptoss_fp8.synthetic.sources import SOURCE_MXFP4, make_source
+    from nxdi_gptoss_fp8.validate.pipeline import preflight
+
+    path = tiny_checkpoint
+    if case == "invalid":
+        edit_config(path, lambda c: c.__setitem__("model_type", "llama"))
+    elif case == "hf-mxfp4":
+        path = tmp_path / "src"
+        make_source(path, SOURCE_MXFP4)
+    code, out, _ = run(["validate", str(path), "--json", *options], capsys)
+    document = json.loads(out)
+    report = preflight(path, **keywords).to_dict()
+    assert _timeless(document) == _timeless(report) and "ok" in document
+    assert (document["hint"] is not None) == (case == "hf-mxfp4")
+    assert code == {"valid": 0, "partial": 3}.get(case, 1)
+
+
 def _nan_scale(ckpt: Path) -> None:
     replace_tensor(ckpt, GATE_UP_SCALE, torch.full_like(load_shard(ckpt, shard_of(ckpt, GATE_UP_SCALE))[GATE_UP_SCALE], math.nan))
 

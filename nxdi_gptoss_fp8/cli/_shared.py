@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -13,7 +12,7 @@ from ..deps import require
 from ..errors import ConfigError
 from ..validate.pipeline import allow_custom_from_env
 
-__all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "PARTIAL_OUTPUT_REMOVED", "UsageError", "print_report", "usage_error"]
+__all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "PARTIAL_OUTPUT_REMOVED", "UsageError", "usage_error"]
 
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
@@ -29,13 +28,6 @@ class UsageError(Exception):
     def __init__(self, message: str, *, details: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.details = dict(details or {})
-
-
-def print_report(report: Any, as_json: bool) -> int:
-    """Print a command's report (``to_dict`` as JSON, or ``render_text``) and return its exit
-    status: 0 when ``report.ok``, else 1."""
-    print(json.dumps(report.to_dict(), indent=2) if as_json else report.render_text())
-    return EXIT_OK if report.ok else EXIT_FINDINGS
 
 
 def usage_error(exc: Exception) -> UsageError:

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
+from ._output import print_result
 from ._shared import (
-    EXIT_OK,
     PARTIAL_OUTPUT_REMOVED,
     UsageError,
     _add_output_options,
     _checkpoint_dir,
     _needs,
     _size,
-    print_report,
     usage_error,
 )
 
@@ -82,9 +80,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     except ConversionError as exc:  # a source or output we cannot use, or a write that failed
         raise usage_error(exc) from None
     except _PlanShown as shown:
-        return print_report(shown.plan, args.json)
-    print(json.dumps({"ok": True, **report.to_dict()}, indent=2) if args.json else report.render_text())
-    return EXIT_OK
+        return print_result(shown.plan, args.json)
+    return print_result(report, args.json)
 
 
 def add_convert_command(commands: Any) -> None:
@@ -140,7 +137,7 @@ def _cmd_verify_conversion(args: argparse.Namespace) -> int:
                                    given_source=args.source, workers=workers)
     except ConversionError as exc:
         raise UsageError(str(exc)) from None
-    return print_report(report, args.json)
+    return print_result(report, args.json)
 
 
 def add_verify_conversion_command(commands: Any) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._shared import UsageError, print_report
+from ._output import print_result
+from ._shared import UsageError
 
 __all__ = ["add_doctor_command", "add_env_command"]
 
@@ -14,7 +15,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
     from ..support import environment_report
 
     report = environment_report()
-    return print_report(report, args.json)
+    return print_result(report, args.json)
 
 
 def add_env_command(commands: Any) -> None:
@@ -44,7 +45,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         raise UsageError(f"{' '.join(command)!r} is not a vLLM server's command line: pass it after --, as "
                          "`-- vllm serve MODEL ...` or `-- python -m vllm.entrypoints.openai.api_server --model MODEL ...`")
     report = lint_serving_host(command)
-    return print_report(report, args.json)
+    return print_result(report, args.json)
 
 
 def add_doctor_command(commands: Any) -> None:

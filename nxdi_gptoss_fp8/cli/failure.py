@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
+
+from ._output import emit
 
 __all__ = [
     "ERROR_KINDS", "EXIT_INTERRUPTED", "NOTHING_WRITTEN", "JsonAwareParser", "Terminated", "error_document", "interrupt_signals",
@@ -58,12 +59,8 @@ def report_failure(command: str | None, kind: str, message: str, exit_code: int,
                    error_type: str, details: Mapping[str, Any] | None = None) -> int:
     """Print the failure (stderr line; with ``as_json`` the document on stdout) and return ``exit_code``."""
     prefix = f"{PROG} {command}" if command else PROG
-    print(f"{prefix}: {message}", file=sys.stderr)
-    if as_json:
-        print(json.dumps(error_document(command, kind, message, exit_code, error_type, details), indent=2))
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdout.flush()
-    return exit_code
+    return emit(error_document(command, kind, message, exit_code, error_type, details), f"{prefix}: {message}",
+                as_json=as_json, exit_code=exit_code, failure=True)
 
 
 class JsonAwareParser(argparse.ArgumentParser):

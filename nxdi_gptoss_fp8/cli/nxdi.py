@@ -8,15 +8,14 @@ import sys
 from typing import Any
 
 from .. import format as fmt
+from ._output import print_result
 from ._shared import (
-    EXIT_FINDINGS,
     EXIT_OK,
     EXIT_USAGE,
     UsageError,
     _allow_custom,
     _checkpoint_dir,
     _load_neuron_config,
-    print_report,
 )
 
 __all__ = ["INFERENCE_DEMO_HELP", "add_check_forward_command", "add_inference_demo_command", "add_selfcheck_command"]
@@ -73,7 +72,7 @@ def add_inference_demo_command(commands: Any) -> None:
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
     from ..errors import CpuModelError
-    from ..forward.selfcheck import selfcheck, to_json
+    from ..forward.selfcheck import selfcheck
 
     if args.tp < 1:
         raise UsageError(f"--tp must be at least 1, not {args.tp}")
@@ -82,8 +81,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
         report = selfcheck(tp=args.tp)
     except CpuModelError as exc:  # NxDI missing or its run failed: the check cannot run
         raise UsageError(f"{exc} (`nxdi-gptoss-fp8 env` says where this host stands)") from None
-    print(to_json(report) if args.json else report.render_text())
-    return EXIT_OK if report.ok else EXIT_FINDINGS
+    return print_result(report, args.json)
 
 
 def add_selfcheck_command(commands: Any) -> None:
@@ -117,7 +115,7 @@ def _cmd_check_forward(args: argparse.Namespace) -> int:
         )
     except (CpuModelError, ConversionError, ValueError) as exc:  # cannot run, or unusable inputs
         raise UsageError(str(exc)) from None
-    return print_report(report, args.json)
+    return print_result(report, args.json)
 
 
 def _layer_count(text: str) -> int | None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
 from .. import format as fmt
 from ..units import printable
-from ..validate.foreign import foreign_recognition
 from ..validate.pipeline import preflight
+from ._output import print_result
 from ._shared import (
     EXIT_FINDINGS,
     EXIT_OK,
@@ -30,7 +29,7 @@ TEXT_FINDINGS_LIMIT = 50
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     _checkpoint_dir(args.path)
-    from ..recognize import PRESHARDED, compiled_model_dir
+    from ..recognize import compiled_model_dir
 
     compiled = compiled_model_dir(args.path)
     if compiled is not None:
@@ -48,22 +47,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         deep=args.deep,
         verify_checksums=args.verify_checksums,
     )
-    # another kind of checkpoint (HF, compressed-tensors, legacy), or pre-sharded weights copied
-    # without their compiled directory: inspect's one-line verdict and action first
-    recognition = foreign_recognition(report.view) if not report.ok and report.view is not None else None
-    if recognition is None and not report.ok and report.view is not None and report.view.recognition is not None \
-            and report.view.recognition.kind == PRESHARDED:
-        recognition = report.view.recognition
-    hint = recognition.hint() if recognition is not None else None
+    code = EXIT_FINDINGS if not report.clean else EXIT_OK if report.complete else EXIT_PARTIAL
     if args.json:
-        print(json.dumps({**report.to_dict(), "hint": hint}, indent=2))
-    else:
-        if hint:
-            print(printable(hint))
-        print(report.render_text(limit=None, summarize=False) if args.all else report.render_text(limit=TEXT_FINDINGS_LIMIT))
-    if not report.clean:
-        return EXIT_FINDINGS
-    return EXIT_OK if report.complete else EXIT_PARTIAL
+        return print_result(report, True, exit_code=code)
+    # another kind of checkpoint, or pre-sharded weights without their compiled directory: the
+    # report's hint (inspect's one-line verdict and action) first
+    text = report.render_text(limit=None, summarize=False) if args.all else report.render_text(limit=TEXT_FINDINGS_LIMIT)
+    return print_result(report, False, text=f"{printable(report.hint)}\n{text}" if report.hint else text, exit_code=code)
 
 
 def add_validate_command(commands: Any) -> None:
@@ -116,7 +106,7 @@ def _validate_compiled(args: argparse.Namespace, compiled: str) -> int:
     checkpoint that config names and the source checkpoint when it is here — the verdict the
     load and ``inspect`` reach (``validate.presharded.compiled_verdict``)."""
     from ..recognize import NEURON_CONFIG_FILE
-    from ..validate.presharded import compiled_verdict, loader_source, verdict_hint
+    from ..validate.presharded import NoShardedWeights, compiled_verdict, loader_source
 
     if args.deep or args.headers_only:
         raise UsageError(f"{compiled} is a compiled NxDI model directory: --deep and --headers-only apply to "
@@ -128,19 +118,11 @@ def _validate_compiled(args: argparse.Namespace, compiled: str) -> int:
             "--neuron-config: ", "")) from None
     assert config is not None
     check = compiled_verdict(compiled, config, ranks=args.ranks, verify=args.verify_checksums, progress=None)
-    hint = verdict_hint(compiled, check)
     if check is None:
-        source = loader_source(config) or "the checkpoint it was compiled from"
-        message = (f"{compiled}: no pre-sharded weights (save_sharded_checkpoint is off): NxDI's weights are sharded at "
-                   f"load from the checkpoint, where the preflight runs; validate {source}")
-        print(json.dumps({"ok": True, "path": compiled, "findings": [], "message": message, "hint": hint}, indent=2)
-              if args.json else message)
-        return EXIT_OK
-    if args.json:
-        print(json.dumps({**check.to_dict(), "hint": hint}, indent=2))
-    else:
-        print(check.render_text(limit=None if args.all else TEXT_FINDINGS_LIMIT))
-    return EXIT_OK if check.ok else EXIT_FINDINGS
+        return print_result(NoShardedWeights(compiled, loader_source(config) or "the checkpoint it was compiled from"),
+                            args.json)
+    return print_result(check, args.json, text=None if args.json else check.render_text(
+        limit=None if args.all else TEXT_FINDINGS_LIMIT))
 
 
 MAX_RANK = 1 << 16  # the manifest's bound on ranks
@@ -169,11 +151,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     inspection = inspect_directory(args.path, allow_custom_model=_allow_custom(args))
     if inspection.recognition.kind == NOT_A_DIRECTORY:  # a usage error, in text and JSON alike
         raise UsageError("; ".join(inspection.recognition.evidence))
-    if args.json:
-        print(json.dumps(inspection.to_dict(), indent=2))
-    else:
-        print(inspection.render_text())
-    return EXIT_OK if inspection.succeeded else EXIT_FINDINGS
+    return print_result(inspection, args.json, exit_code=EXIT_OK if inspection.succeeded else EXIT_FINDINGS)
 
 
 def add_inspect_command(commands: Any) -> None:

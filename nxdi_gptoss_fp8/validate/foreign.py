@@ -8,7 +8,7 @@ from typing import Any
 
 from .view import CheckpointView
 
-__all__ = ["foreign_recognition"]
+__all__ = ["foreign_recognition", "refusal_hint"]
 
 
 # The checkpoint kinds ``recognize`` names that are not normalized (compiled NxDI output and
@@ -29,6 +29,18 @@ def foreign_recognition(view: CheckpointView) -> Any:
 
         view.recognition = recognize(view.root)
     return view.recognition if view.recognition.kind in _FOREIGN_KINDS else None
+
+
+def refusal_hint(view: CheckpointView) -> str | None:
+    """``inspect``'s one-line verdict and action for a directory the preflight refused when it is
+    another kind of checkpoint (HF, compressed-tensors, legacy) or pre-sharded weights copied
+    without their compiled directory; else None (``PreflightReport.hint``)."""
+    from ..recognize import PRESHARDED
+
+    recognition = foreign_recognition(view)
+    if recognition is None and view.recognition is not None and view.recognition.kind == PRESHARDED:
+        recognition = view.recognition
+    return recognition.hint() if recognition is not None else None
 
 
 def _foreign_advice(view: CheckpointView) -> str | None:
