@@ -286,6 +286,13 @@ def _checkpoint(model: str, config: Any, model_config: dict[str, Any] | None, en
                      "here: set quantized_checkpoints_path to the checkpoint directory")
             return 0
         if os.path.realpath(named) != os.path.realpath(model):
+            if not isinstance(model_config, dict) or not model_config.get("architectures"):
+                from ..recognize import recognize
+
+                recognition = recognize(model)
+                what = f"; {recognition.hint()}" if recognition.known else ""
+                _finding(findings, "no_model_config", "MODEL", f"{model!r} has no config.json naming the model's "
+                         f"architectures, which vLLM reads the model from{what}: serve the checkpoint directory")
             _finding(findings, "checkpoint_path_differs", "quantized_checkpoints_path", f"quantized_checkpoints_path is "
                      f"{named!r} but vLLM serves {model!r}: NxDI reads the weights from the first and the model config "
                      "from the second; set both to the checkpoint directory", warning=True)
