@@ -348,35 +348,52 @@ def _opt_in_by_config(case: SimpleNamespace) -> None:
     _override_text('"quantized": true', '"quantized": true, "checkpoint_format": "normalized_fp8"')(case)
 
 
-# each case changes the README's recipe (argv after `vllm serve`, environment, program words)
-VERDICT_CASES: dict[str, Any] = {
-    "the recipe": lambda case: None,
-    "/opt/venv/bin/vllm": _prefix("/opt/venv/bin/vllm", "serve"),
-    "MODEL after --no-enable-prefix-caching": _model_after_boolean,
-    "--additional_config": _rename_flag("--additional-config", "--additional_config"),
-    "--tensor_parallel_size=64": lambda case: case.argv.extend(["--tensor_parallel_size=64"]),
-    "--trust-remote-code before MODEL": lambda case: case.argv.insert(0, "--trust-remote-code"),
-    "the opt-in in the config": _opt_in_by_config,
-    "NEURON_COMPILED_ARTIFACTS unset": _environ(NEURON_COMPILED_ARTIFACTS=None),
-    "prefix caching on": _drop("--no-enable-prefix-caching", 1),
-    "MODEL an HF MXFP4 download": _serve(_hf("mxfp4")),
-    "MODEL an HF BF16 source": _serve(_hf("bf16")),
-    "MODEL a compiled NxDI directory": _serve(_compiled_dir),
-    "MODEL missing": _serve(lambda case: case.tmp / "missing"),
-    "padded_hidden_size not the checkpoint's": _override_text('"padded_hidden_size": 64', '"padded_hidden_size": 96'),
-    "padded_hidden_size NaN": _override_text('"padded_hidden_size": 64', '"padded_hidden_size": NaN'),
-    "padded_hidden_size 1e400": _override_text('"padded_hidden_size": 64', '"padded_hidden_size": 1e400'),
-    "padded_hidden_size of 4,001 digits": _override_text('"padded_hidden_size": 64', '"padded_hidden_size": ' + "9" * 4001),
-    "padded_hidden_size a string": _override_text('"padded_hidden_size": 64', '"padded_hidden_size": "64"'),
-    "--tensor-parallel-size 128": lambda case: case.argv.extend(["--tensor-parallel-size", "128"]),
-    "modules_to_not_convert excludes the experts": _override_text('"self_attn"]', '"self_attn", "mlp"]'),
-    "quantized 1": _override_text('"quantized": true', '"quantized": 1'),
-    "quantized_checkpoints_path a number": lambda case: _override_text(json.dumps(str(case.ckpt)), "7")(case),
-    "quantized_checkpoints_path a list": lambda case: _override_text(json.dumps(str(case.ckpt)), '["x"]')(case),
-    "NEURON_COMPILED_ARTIFACTS a regular file": _compiled_is_a_file,
-    "CHECKPOINT_FORMAT unset": _environ(CHECKPOINT_FORMAT=None),
-    "CHECKPOINT_FORMAT misspelled": _environ(CHECKPOINT_FORMAT="normalised-fp8"),
-    "no --additional-config": _drop("--additional-config"),
+# each case changes the README's recipe (argv after `vllm serve`, environment, program words), and
+# the error doctor must give when the start does not load (None: the start loads)
+VERDICT_CASES: dict[str, tuple[Any, str | None]] = {
+    "the recipe": (lambda case: None, None),
+    "/opt/venv/bin/vllm": (_prefix("/opt/venv/bin/vllm", "serve"), None),
+    "MODEL after --no-enable-prefix-caching": (_model_after_boolean, None),
+    "--additional_config": (_rename_flag("--additional-config", "--additional_config"), None),
+    "--tensor_parallel_size=64": (lambda case: case.argv.extend(["--tensor_parallel_size=64"]), None),
+    "--trust-remote-code before MODEL": (lambda case: case.argv.insert(0, "--trust-remote-code"), None),
+    "the opt-in in the config": (_opt_in_by_config, None),
+    "NEURON_COMPILED_ARTIFACTS unset": (_environ(NEURON_COMPILED_ARTIFACTS=None), None),
+    "prefix caching on": (_drop("--no-enable-prefix-caching", 1), None),
+    "MODEL an HF MXFP4 download": (_serve(_hf("mxfp4")), "not_normalized"),
+    "MODEL an HF BF16 source": (_serve(_hf("bf16")), "not_normalized"),
+    "MODEL a compiled NxDI directory": (_serve(_compiled_dir), "no_model_config"),
+    # vLLM reads the model config from MODEL, NxDI the weights from quantized_checkpoints_path (a warning)
+    "MODEL an HF MXFP4 download, quantized_checkpoints_path the checkpoint": (
+        lambda case: case.argv.__setitem__(0, str(_hf("mxfp4")(case))), None),
+    "MODEL missing": (_serve(lambda case: case.tmp / "missing"), "model_not_found"),
+    "padded_hidden_size not the checkpoint's": (_override_text('"padded_hidden_size": 64', '"padded_hidden_size": 96'),
+                                                "neuron_config.padding_mismatch"),
+    "padded_hidden_size NaN": (_override_text('"padded_hidden_size": 64', '"padded_hidden_size": NaN'),
+                               "neuron_config.out_of_range"),
+    "padded_hidden_size 1e400": (_override_text('"padded_hidden_size": 64', '"padded_hidden_size": 1e400'),
+                                 "neuron_config.out_of_range"),
+    "padded_hidden_size of 4,001 digits": (_override_text('"padded_hidden_size": 64', '"padded_hidden_size": ' + "9" * 4001),
+                                           "neuron_config.out_of_range"),
+    "padded_hidden_size a string": (_override_text('"padded_hidden_size": 64', '"padded_hidden_size": "64"'),
+                                    "neuron_config.out_of_range"),
+    "--tensor-parallel-size 128": (lambda case: case.argv.extend(["--tensor-parallel-size", "128"]),
+                                   "neuron_config.expert_tp_indivisible"),
+    "modules_to_not_convert excludes the experts": (_override_text('"self_attn"]', '"self_attn", "mlp"]'),
+                                                    "neuron_config.experts_excluded"),
+    "quantized 1": (_override_text('"quantized": true', '"quantized": 1'), "neuron_config.not_boolean"),
+    "quantized_checkpoints_path a number": (lambda case: _override_text(json.dumps(str(case.ckpt)), "7")(case),
+                                            "neuron_config.bad_checkpoints_path"),
+    "quantized_checkpoints_path a list": (lambda case: _override_text(json.dumps(str(case.ckpt)), '["x"]')(case),
+                                          "neuron_config.bad_checkpoints_path"),
+    "NEURON_COMPILED_ARTIFACTS a regular file": (_compiled_is_a_file, "compiled_artifacts_not_a_directory"),
+    "CHECKPOINT_FORMAT unset": (_environ(CHECKPOINT_FORMAT=None), "checkpoint_format"),
+    "CHECKPOINT_FORMAT misspelled": (_environ(CHECKPOINT_FORMAT="normalised-fp8"), "checkpoint_format"),
+    "no --additional-config": (_drop("--additional-config"), "neuron_config.not_quantized"),
+    "--additional-config not JSON": (_override_text('{"override_neuron_config"', '{override_neuron_config'),
+                                     "bad_additional_config"),
+    "a boolean given a value": (lambda case: case.argv.append("--trust-remote-code=yes"), "boolean_with_value"),
+    "a second positional": (lambda case: case.argv.insert(1, "extra"), "unexpected_argument"),
 }
 
 
@@ -394,16 +411,20 @@ def test_doctor_exits_0_exactly_when_the_start_loads(stack: SimpleNamespace, ckp
     monkeypatch.setattr(serving_host, "O200K_BASE_SHA256", hashlib.sha256(vocabulary.read_bytes()).hexdigest())
     environ[fmt.ALLOW_CUSTOM_ENV] = "1"  # the tiny checkpoint's profile (set for every start here)
     case = SimpleNamespace(stack=stack, ckpt=ckpt, tmp=tmp_path, environ=environ, argv=argv, program=["vllm", "serve"])
-    VERDICT_CASES[name](case)
+    change, expected = VERDICT_CASES[name]
+    change(case)
     with clients.restored_environ():
         for variable in (nxdi_hook.ENV_VAR, serving_host.ENV_COMPILED, serving_host.ENV_TIKTOKEN):
             os.environ.pop(variable, None)
         os.environ.update(case.environ)
         code = cli.main(["doctor", "--", *case.program, *case.argv])
         report = serving_host.lint_serving_host([*case.program, *case.argv], case.environ)
+    why = ""
     try:
         start(stack, list(case.argv), case.environ)
         loaded = True
     except (Exception, SystemExit) as exc:  # any way the start ends without a model
         loaded, why = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+    errors = [f.code for f in report.findings if f.severity == "error"]
     assert code == (0 if loaded else 1), f"start {'loaded' if loaded else 'failed: ' + why}; doctor:\n{report.render_text()}"
+    assert (expected is None) is loaded and (loaded or expected in errors), (why, errors)
