@@ -7,6 +7,10 @@ by the tiny checkpoint's): our entry point as vLLM loads it, the loader's ``get_
 with the configs vLLM builds, ``_load_weights_common`` with its ``except (FileNotFoundError,
 ValueError)`` → "Recompiling", NxDI's ``compile`` / ``load`` and our hook inside them.
 Run once per tag: ``VLLM_NEURON_SRC=/path/to/vllm-neuron@0.1.0`` and ``@0.2.0``.
+
+``doctor``'s verdict is held to the start's: for every case of ``VERDICT_CASES`` (good and bad
+commands, environments and checkpoints), ``doctor -- vllm serve ...`` exits 0 exactly when this
+start loads, and otherwise names the error that stops it.
 """
 
 from __future__ import annotations
@@ -379,6 +383,7 @@ VERDICT_CASES: dict[str, tuple[Any, str | None]] = {
                                     "neuron_config.out_of_range"),
     "--tensor-parallel-size 128": (lambda case: case.argv.extend(["--tensor-parallel-size", "128"]),
                                    "neuron_config.expert_tp_indivisible"),
+    "--tensor-parallel-size eight": (lambda case: case.argv.extend(["--tensor-parallel-size", "eight"]), "bad_value"),
     "modules_to_not_convert excludes the experts": (_override_text('"self_attn"]', '"self_attn", "mlp"]'),
                                                     "neuron_config.experts_excluded"),
     "quantized 1": (_override_text('"quantized": true', '"quantized": 1'), "neuron_config.not_boolean"),

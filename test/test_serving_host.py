@@ -198,6 +198,7 @@ FAULTS: dict[str, tuple[Callable[[dict[str, Any]], None], str, bool]] = {
     "padded size a string": (_override(lambda d: d.update(padded_hidden_size="64")), "neuron_config.out_of_range", False),
     "padded size of 4,001 digits": (_override(lambda d: d.update(padded_hidden_size=int("9" * 4001))),
                                     "neuron_config.out_of_range", False),
+    "tensor parallel not a number": (lambda h: h["command"].extend(["-tp", "8k"]), "bad_value", False),
     "tensor parallel 128": (lambda h: h["command"].extend(["-tp", "128"]), "neuron_config.expert_tp_indivisible", False),
     "another quantized_checkpoints_path": (_override(lambda d: d.update(quantized_checkpoints_path="/elsewhere")),
                                            "checkpoint_path_differs", False),

@@ -38,6 +38,7 @@ __all__ = [
 MAX_DIMENSION = fmt.MAX_DIMENSION
 # NxD's substring rule costs (paths × entries); real configs have a handful of entries
 MAX_EXCLUSION_WORK = 2_000_000
+MAX_NEAREST_SEARCHES = 100  # unknown keys given a "did you mean" (a JSON may hold thousands)
 
 # The attributes NxDI 0.9's NeuronConfig, MoENeuronConfig and GptOssNeuronConfig take (their
 # keyword arguments), plus this package's own opt-in. A JSON key outside this set is dropped by
@@ -214,7 +215,7 @@ def has_model_fields(source: Mapping[str, Any]) -> bool:
 
 def unknown_key_problems(nc: Mapping[str, Any]) -> list[Problem]:
     """A warning per key NxDI's NeuronConfig does not take, naming the nearest known key."""
-    problems = []
+    problems: list[Problem] = []
     for key in list(nc)[:10_000]:
         if key in KNOWN_NEURON_CONFIG_KEYS:
             continue
@@ -222,7 +223,9 @@ def unknown_key_problems(nc: Mapping[str, Any]) -> list[Problem]:
             problems.append(Problem("neuron_config", "unknown_key", f"key {describe(key)} is not an attribute name", describe(key), warning=True))
             continue
         shown = key[:80]
-        nearest = difflib.get_close_matches(key[:200], KNOWN_NEURON_CONFIG_KEYS, n=1, cutoff=0.6)
+        # the nearest name for the first MAX_NEAREST_SEARCHES keys (each search compares ~200 names)
+        nearest = difflib.get_close_matches(key[:200], KNOWN_NEURON_CONFIG_KEYS, n=1, cutoff=0.6) \
+            if len(problems) < MAX_NEAREST_SEARCHES else []
         hint = f": did you mean {nearest[0]!r}?" if nearest else ""
         problems.append(Problem(
             "neuron_config", "unknown_key",

@@ -71,6 +71,8 @@ class HostFinding:
 
 @dataclass
 class HostReport:
+    """Every finding for one command on one host; ``ok`` (no error) is the start's verdict."""
+
     command: list[str]
     model: str | None
     findings: list[HostFinding] = field(default_factory=list)

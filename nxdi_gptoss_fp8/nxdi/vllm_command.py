@@ -86,6 +86,7 @@ CLI_MODULE = "vllm.entrypoints.cli.main"
 _NAME = re.compile(r"(?<=--)[^.]*")  # vLLM's rule: underscores become dashes up to the first "."
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^python[0-9.]*$")
+HUMAN_READABLE = frozenset({"--max-model-len"})  # vLLM reads 8k / 8K there; other integers with int()
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
@@ -331,6 +332,14 @@ def _integer(text: Any) -> Any:
     return int(number) * 1024 ** ("KMGT".index(suffix) + 1) if number.isdigit() else text
 
 
+def _plain_integer(text: Any) -> Any:
+    """An option of type ``int`` as argparse takes it, else the text."""
+    try:
+        return int(text) if isinstance(text, str) and len(text) <= 30 else text
+    except ValueError:
+        return text
+
+
 def settings_from_command(command: VllmCommand, hf_config: Mapping[str, Any] | None) -> tuple[VllmSettings, list[CommandProblem]]:
     """The settings vLLM derives from the command (and from the model's ``config.json``)."""
     problems = []
@@ -339,7 +348,7 @@ def settings_from_command(command: VllmCommand, hf_config: Mapping[str, Any] | N
                                   ("max_model_len", "--max-model-len", None), ("max_num_seqs", "--max-num-seqs", None),
                                   ("block_size", "--block-size", None), ("num_gpu_blocks_override", "--num-gpu-blocks-override", None)):
         raw = command.options.get(option)
-        value = _integer(raw) if raw is not None else default
+        value = default if raw is None else _integer(raw) if option in HUMAN_READABLE else _plain_integer(raw)
         if raw is not None and type(value) is not int:
             problems.append(CommandProblem("bad_value", option, f"{option} is {str(raw)[:40]!r}, not a whole number: "
                                            "vLLM refuses the command"))
