@@ -343,3 +343,21 @@ def test_non_utf8_bytes_in_argv_reach_doctor_without_a_traceback(host: dict[str,
     done = subprocess.run(argv, capture_output=True, env={**os.environ, **host["environ"]}, timeout=120)
     assert done.returncode == 1 and b"Traceback" not in done.stdout + done.stderr
     assert b"model_not_found" in done.stdout
+
+
+@pytest.mark.parametrize("change", [{"padded_hidden_size": 96}, {"quantization_dtype": "int8"}, {"quantized": 1},
+                                    {"modules_to_not_convert": ["lm_head", "self_attn", "mlp"]}, {}])
+def test_doctor_and_validate_give_one_verdict(host: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture,
+                                              change: dict[str, Any]) -> None:
+    """The override given to doctor in the command and to validate as the --additional-config
+    file: the same checkpoint findings (one function, ``checkpoint_verdict``, decides both)."""
+    _override(lambda d: d.update(change))(host)
+    flag = host["command"].index(recipes.VLLM_ADDITIONAL_CONFIG_FLAG) + 1
+    (tmp_path / "additional.json").write_text(host["command"][flag])
+    report = lint_serving_host(host["command"], host["environ"])
+    code = cli.main(["validate", str(host["model"]), "--neuron-config", str(tmp_path / "additional.json"),
+                     "--allow-custom-model", "--json"])
+    validated = json.loads(capsys.readouterr().out)
+    assert (code == 0) is report.ok
+    assert sorted(f["code"] for f in validated["findings"] if f["severity"] != "info") == sorted(
+        f.code for f in report.findings if "." in f.code)
