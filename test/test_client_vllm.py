@@ -352,12 +352,18 @@ def _opt_in_by_config(case: SimpleNamespace) -> None:
     _override_text('"quantized": true', '"quantized": true, "checkpoint_format": "normalized_fp8"')(case)
 
 
+def _api_server(case: SimpleNamespace) -> None:
+    case.program = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    case.argv.insert(0, "--model")
+
+
 # each case changes the README's recipe (argv after `vllm serve`, environment, program words), and
 # the error doctor must give when the start does not load (None: the start loads)
 VERDICT_CASES: dict[str, tuple[Any, str | None]] = {
     "the recipe": (lambda case: None, None),
     "/opt/venv/bin/vllm": (_prefix("/opt/venv/bin/vllm", "serve"), None),
     "MODEL after --no-enable-prefix-caching": (_model_after_boolean, None),
+    "python -m vllm.entrypoints.openai.api_server --model": (_api_server, None),
     "--additional_config": (_rename_flag("--additional-config", "--additional_config"), None),
     "--tensor_parallel_size=64": (lambda case: case.argv.extend(["--tensor_parallel_size=64"]), None),
     "--trust-remote-code before MODEL": (lambda case: case.argv.insert(0, "--trust-remote-code"), None),

@@ -150,7 +150,8 @@ def _flexible(argv: Sequence[str]) -> list[str]:
 def parse_serve(argv: Sequence[str]) -> argparse.Namespace:
     """``vllm serve``'s arguments, for the flags the recipe uses (the same names and defaults)."""
     parser = argparse.ArgumentParser(prog="vllm serve")
-    parser.add_argument("model")
+    parser.add_argument("model_tag", nargs="?")  # `vllm serve MODEL`; the api_server module takes --model only
+    parser.add_argument("--model")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--max-model-len", type=int)
@@ -160,7 +161,12 @@ def parse_serve(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--additional-config", type=json.loads, default={})
     parser.add_argument("--port", type=int)
-    return parser.parse_args(_flexible(argv))
+    args = parser.parse_args(_flexible(argv))
+    if args.model_tag is not None:  # the positional wins, as `vllm serve` has it
+        args.model = args.model_tag
+    if args.model is None:
+        parser.error("no model")
+    return args
 
 
 def serve(loader_module: types.ModuleType, argv: Sequence[str], *, plugins: bool = True) -> Any:
