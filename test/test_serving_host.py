@@ -253,6 +253,13 @@ def test_the_command_pasted_as_one_string_is_split(host: dict[str, Any]) -> None
     assert lint_serving_host([shlex.join(host["command"])], host["environ"]).findings == []
 
 
+def test_variables_set_before_the_command_are_vllms_environment(host: dict[str, Any]) -> None:
+    prefix = [f"{name}={value}" for name, value in host["environ"].items() if name != fmt.ALLOW_CUSTOM_ENV]
+    environ = {fmt.ALLOW_CUSTOM_ENV: "1"}
+    assert lint_serving_host([*prefix, *host["command"]], environ).findings == []
+    assert not lint_serving_host(host["command"], environ).ok
+
+
 def test_the_api_server_module_form_is_understood(host: dict[str, Any]) -> None:
     command = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", *host["command"][2:]]
     assert lint_serving_host(command, host["environ"]).findings == []

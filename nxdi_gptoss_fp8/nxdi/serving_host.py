@@ -348,6 +348,7 @@ def lint_serving_host(command: Sequence[str] = (), environ: Mapping[str, str] | 
         _vocabulary(env, findings)
         return HostReport(words, None, findings)
     vllm = read_vllm_command(words)
+    env = {**env, **vllm.environment}  # `CHECKPOINT_FORMAT=normalized_fp8 vllm serve ...`
     override = _command_findings(vllm, findings)
     model = _model(vllm, findings)
     model_config = _model_config(model)

@@ -5,7 +5,8 @@ How the command is read (vLLM 0.10.2 / 0.11.0, the versions vllm-neuron 0.1.0 / 
 
 * the program: ``vllm serve`` by any path (``/opt/venv/bin/vllm serve``), ``python -m
   vllm.entrypoints.cli.main serve`` and ``python -m vllm.entrypoints.openai.api_server`` (which
-  takes the model as ``--model`` only); ``VAR=value`` words before it are skipped;
+  takes the model as ``--model`` only); ``VAR=value`` words before it are the environment vLLM
+  gets (over the caller's);
 * long option names: vLLM's ``FlexibleArgumentParser`` turns ``_`` into ``-`` in the name
   (up to its first ``.``), so ``--additional_config`` is ``--additional-config``;
   ``--name=value`` and ``--name value`` are the same; the last of a repeated option wins;
@@ -116,15 +117,20 @@ class VllmCommand:
     problems: list[CommandProblem] = field(default_factory=list)
     repeated: list[str] = field(default_factory=list)
     took_a_word: list[tuple[str, str]] = field(default_factory=list)  # (unknown option, the word it took)
+    environment: dict[str, str] = field(default_factory=dict)  # VAR=value words before the program
 
     def refuse(self, code: str, setting: str, message: str) -> None:
         self.problems.append(CommandProblem(code, setting, message))
 
 
-def _program(words: list[str]) -> tuple[str, list[str]] | None:
-    """(program, its arguments) for a vLLM server's command line, else None."""
+def _program(words: list[str], environment: dict[str, str]) -> tuple[str, list[str]] | None:
+    """(program, its arguments) for a vLLM server's command line, else None; the ``VAR=value``
+    words before it (the shell puts them in vLLM's environment) into ``environment``."""
     while words and (_ASSIGNMENT.match(words[0]) or words[0] == "env"):
-        words = words[1:]  # VAR=value prefixes (and env)
+        name, _, value = words[0].partition("=")
+        if words[0] != "env":
+            environment[name] = value
+        words = words[1:]
     if not words:
         return None
     head = os.path.basename(words[0])
@@ -172,12 +178,13 @@ def parse_json_option(text: str, name: str) -> tuple[Any, CommandProblem | None]
 def read_vllm_command(words: Sequence[str]) -> VllmCommand:
     """``words`` (a ``vllm serve ...`` argv) read as vLLM reads it (the module docstring).
     Raises ``CommandError`` when it is not a vLLM server's command line, or uses ``--config``."""
-    found = _program([str(word) for word in words])
+    environment: dict[str, str] = {}
+    found = _program([str(word) for word in words], environment)
     if found is None:
         raise CommandError("not a vLLM server's command line: pass `vllm serve MODEL ...` (any path to vllm) or "
                            f"`python -m {API_SERVER_MODULE} --model MODEL ...`")
     program, args = found
-    command = VllmCommand(list(words), program)
+    command = VllmCommand(list(words), program, environment=environment)
     for position, word in enumerate(args):
         if len(word) > MAX_ARGUMENT_BYTES // 4 and len(word.encode("utf-8", "surrogatepass")) > MAX_ARGUMENT_BYTES:
             command.refuse("argument_too_long", word[:20], f"an argument of {len(word):,} characters: Linux passes "
