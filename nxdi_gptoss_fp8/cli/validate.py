@@ -9,8 +9,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..units import printable
-from ..validate.foreign import foreign_recognition
-from ..validate.pipeline import preflight
+from ..validate.verdict import checkpoint_verdict
 from ._shared import (
     EXIT_FINDINGS,
     EXIT_OK,
@@ -30,7 +29,7 @@ TEXT_FINDINGS_LIMIT = 50
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     _checkpoint_dir(args.path)
-    from ..recognize import PRESHARDED, compiled_model_dir
+    from ..recognize import compiled_model_dir
 
     compiled = compiled_model_dir(args.path)
     if compiled is not None:
@@ -40,7 +39,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.deep:
         _needs("--deep", "numpy")
     neuron_config = _load_neuron_config(args.neuron_config)
-    report = preflight(
+    # another kind of checkpoint (HF, compressed-tensors, legacy), or pre-sharded weights copied
+    # without their compiled directory: inspect's one-line verdict and action first (the one
+    # verdict doctor gives for a vllm serve command too)
+    verdict = checkpoint_verdict(
         args.path,
         neuron_config=neuron_config,
         allow_custom_model=_allow_custom(args),
@@ -48,13 +50,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         deep=args.deep,
         verify_checksums=args.verify_checksums,
     )
-    # another kind of checkpoint (HF, compressed-tensors, legacy), or pre-sharded weights copied
-    # without their compiled directory: inspect's one-line verdict and action first
-    recognition = foreign_recognition(report.view) if not report.ok and report.view is not None else None
-    if recognition is None and not report.ok and report.view is not None and report.view.recognition is not None \
-            and report.view.recognition.kind == PRESHARDED:
-        recognition = report.view.recognition
-    hint = recognition.hint() if recognition is not None else None
+    report, hint = verdict.report, verdict.hint
     if args.json:
         print(json.dumps({**report.to_dict(), "hint": hint}, indent=2))
     else:
@@ -86,8 +82,10 @@ def add_validate_command(commands: Any) -> None:
                           help=f"list every finding, one line each (text output otherwise summarizes repeated "
                                f"findings and shows at most {TEXT_FINDINGS_LIMIT} lines)")
     validate.add_argument("--neuron-config", metavar="FILE.json",
-                          help="NxDI NeuronConfig attributes as JSON (flat, or nested under \"neuron_config\" "
-                               "as NxDI saves it): also check that NxDI will run this checkpoint as configured")
+                          help="NxDI NeuronConfig attributes as JSON (flat, nested under \"neuron_config\" as NxDI "
+                               "saves it, or vLLM's --additional-config object {\"override_neuron_config\": {...}}, "
+                               "read over vLLM's default settings as vllm-neuron does): also check that NxDI will run "
+                               "this checkpoint as configured")
     validate.add_argument("--allow-custom-model", action="store_true",
                           help=f"accept model_profile 'custom' (tiny test models); also {fmt.ALLOW_CUSTOM_ENV}=1")
     reads = validate.add_mutually_exclusive_group()  # a deep scan reads the tensor data headers-only skips
