@@ -127,14 +127,29 @@ def test_headers_only_is_a_partial_verdict_never_valid(tiny_checkpoint: Path, ca
         assert code == 1 and "values." in out
 
 
-@pytest.mark.parametrize("nested", [True, False])
-def test_validate_with_neuron_config(tiny_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], nested: bool) -> None:
+NEURON_CONFIG_FORMS = {
+    "flat": lambda nc: nc,
+    "nested as NxDI saves it": lambda nc: {"neuron_config": nc},
+    "vLLM's --additional-config": lambda nc: {"override_neuron_config": nc},
+}
+
+
+@pytest.mark.parametrize("form", list(NEURON_CONFIG_FORMS))
+def test_validate_with_neuron_config(tiny_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], form: str) -> None:
+    """Each form the user may hold is read as NxDI (or vllm-neuron) builds the NeuronConfig from it:
+    the keys they set are found, never reported missing, and a wrong one is the same finding."""
+    good = {**GOOD_NC, "quantized_checkpoints_path": str(tiny_template)}  # vllm-neuron passes it (None when left out)
+    wrap = NEURON_CONFIG_FORMS[form]
     path = tmp_path / "nc.json"
-    path.write_text(json.dumps({"neuron_config": GOOD_NC} if nested else GOOD_NC))
-    assert run(["validate", str(tiny_template), "--neuron-config", str(path), "--allow-custom-model"], capsys)[0] == 0
-    path.write_text(json.dumps({**GOOD_NC, "quantized": False}))
+    path.write_text(json.dumps(wrap(good)))
     code, out, _ = run(["validate", str(tiny_template), "--neuron-config", str(path), "--allow-custom-model"], capsys)
-    assert code == 1 and "neuron_config.not_quantized" in out
+    assert code == 0 and "unknown_key" not in out and "WARNING" not in out
+    for change, finding in (({"quantized": False}, "neuron_config.not_quantized"),
+                            ({"quantization_dtype": "int8"}, "neuron_config.wrong_quantization_dtype"),
+                            ({"modules_to_not_convert": ["lm_head"]}, "neuron_config.attention_not_excluded")):
+        path.write_text(json.dumps(wrap({**good, **change})))
+        code, out, _ = run(["validate", str(tiny_template), "--neuron-config", str(path), "--allow-custom-model"], capsys)
+        assert code == 1 and finding in out and "dma_order_config" not in out
 
 
 @pytest.mark.parametrize(("content", "message"), [(None, "cannot read"), ("{nope", "not valid JSON"), ("[1]", "JSON object")])

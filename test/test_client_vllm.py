@@ -7,6 +7,10 @@ by the tiny checkpoint's): our entry point as vLLM loads it, the loader's ``get_
 with the configs vLLM builds, ``_load_weights_common`` with its ``except (FileNotFoundError,
 ValueError)`` → "Recompiling", NxDI's ``compile`` / ``load`` and our hook inside them.
 Run once per tag: ``VLLM_NEURON_SRC=/path/to/vllm-neuron@0.1.0`` and ``@0.2.0``.
+
+``doctor``'s verdict is held to the start's: for every case of ``VERDICT_CASES`` (good and bad
+commands, environments and checkpoints), ``doctor -- vllm serve ...`` exits 0 exactly when this
+start loads, and otherwise names the error that stops it.
 """
 
 from __future__ import annotations
@@ -128,7 +132,7 @@ def test_doctor_passes_the_vllm_recipe(ckpt: Path, tmp_path: Path, monkeypatch: 
     vocabulary.parent.mkdir(parents=True)
     vocabulary.write_bytes(b"stand-in vocabulary 0\n")  # the real file is 3.6 MB from the internet
     monkeypatch.setattr(serving_host, "O200K_BASE_SHA256", hashlib.sha256(vocabulary.read_bytes()).hexdigest())
-    report = serving_host.lint_serving_host(["vllm", "serve", *argv], environ)
+    report = serving_host.lint_serving_host(["vllm", "serve", *argv], {**environ, fmt.ALLOW_CUSTOM_ENV: "1"})  # tiny: custom
     assert report.findings == [], report.render_text()
 
 
@@ -264,3 +268,173 @@ def test_the_hf_start_is_unchanged_bit_for_bit(stack: SimpleNamespace, tmp_path:
     assert list(hooked) == list(plain)
     for key in plain:
         assert hooked[key].dtype == plain[key].dtype and raw(hooked[key]) == raw(plain[key]), key
+
+
+# --------------------------------------------------------------------------- doctor's verdict is the start's
+
+
+def _override_text(old: str, new: str) -> Any:
+    """Replace ``old`` by ``new`` in the ``--additional-config`` JSON text (``1e400``, ``NaN`` as written)."""
+    def change(case: SimpleNamespace) -> None:
+        flag = case.argv.index("--additional-config") + 1
+        assert old in case.argv[flag], case.argv[flag]
+        case.argv[flag] = case.argv[flag].replace(old, new)
+    return change
+
+
+def _serve(directory: Any) -> Any:
+    """Serve another directory: as MODEL and as the override's quantized_checkpoints_path (the user's one path)."""
+    def change(case: SimpleNamespace) -> None:
+        other = str(directory(case))
+        _override_text(json.dumps(str(case.ckpt)), json.dumps(other))(case)
+        case.argv[0] = other
+    return change
+
+
+def _hf(kind: str) -> Any:
+    from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16
+
+    return lambda case: make_source(case.tmp / kind, SOURCE_MXFP4 if kind == "mxfp4" else SOURCE_BF16, dims=TINY_DIMS,
+                                    scale_range=REALISTIC_SCALE_RANGE, original=False)
+
+
+def _compiled_dir(case: SimpleNamespace) -> Path:
+    """A compiled NxDI model directory: the recipe's own, from a first start."""
+    start(case.stack, list(case.argv), dict(case.environ))
+    nxdi_hook.unregister()
+    return Path(case.environ[serving_host.ENV_COMPILED])
+
+
+def _drop(flag: str, count: int = 2) -> Any:
+    def change(case: SimpleNamespace) -> None:
+        index = case.argv.index(flag)
+        del case.argv[index: index + count]
+    return change
+
+
+def _environ(**values: str | None) -> Any:
+    def change(case: SimpleNamespace) -> None:
+        for name, value in values.items():
+            if value is None:
+                case.environ.pop(name, None)
+            else:
+                case.environ[name] = value
+    return change
+
+
+def _compiled_is_a_file(case: SimpleNamespace) -> None:
+    path = case.tmp / "compiled-file"
+    path.write_text("")
+    case.environ[serving_host.ENV_COMPILED] = str(path)
+
+
+def _rename_flag(old: str, new: str) -> Any:
+    def change(case: SimpleNamespace) -> None:
+        case.argv[case.argv.index(old)] = new
+    return change
+
+
+def _prefix(*words: str) -> Any:
+    def change(case: SimpleNamespace) -> None:
+        case.program = [*words]
+    return change
+
+
+def _model_after_boolean(case: SimpleNamespace) -> None:
+    flag = case.argv.index("--no-enable-prefix-caching")
+    del case.argv[flag]
+    case.argv.insert(0, "--no-enable-prefix-caching")
+
+
+def _opt_in_by_config(case: SimpleNamespace) -> None:
+    case.environ.pop(nxdi_hook.ENV_VAR)
+    _override_text('"quantized": true', '"quantized": true, "checkpoint_format": "normalized_fp8"')(case)
+
+
+def _api_server(case: SimpleNamespace) -> None:
+    case.program = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    case.argv.insert(0, "--model")
+
+
+# each case changes the README's recipe (argv after `vllm serve`, environment, program words), and
+# the error doctor must give when the start does not load (None: the start loads)
+VERDICT_CASES: dict[str, tuple[Any, str | None]] = {
+    "the recipe": (lambda case: None, None),
+    "/opt/venv/bin/vllm": (_prefix("/opt/venv/bin/vllm", "serve"), None),
+    "MODEL after --no-enable-prefix-caching": (_model_after_boolean, None),
+    "python -m vllm.entrypoints.openai.api_server --model": (_api_server, None),
+    "--additional_config": (_rename_flag("--additional-config", "--additional_config"), None),
+    "--tensor_parallel_size=64": (lambda case: case.argv.extend(["--tensor_parallel_size=64"]), None),
+    "--trust-remote-code before MODEL": (lambda case: case.argv.insert(0, "--trust-remote-code"), None),
+    "the opt-in in the config": (_opt_in_by_config, None),
+    "NEURON_COMPILED_ARTIFACTS unset": (_environ(NEURON_COMPILED_ARTIFACTS=None), None),
+    "prefix caching on": (_drop("--no-enable-prefix-caching", 1), None),
+    "MODEL an HF MXFP4 download": (_serve(_hf("mxfp4")), "not_normalized"),
+    "MODEL an HF BF16 source": (_serve(_hf("bf16")), "not_normalized"),
+    "MODEL a compiled NxDI directory": (_serve(_compiled_dir), "no_model_config"),
+    # vLLM reads the model config from MODEL, NxDI the weights from quantized_checkpoints_path (a warning)
+    "MODEL an HF MXFP4 download, quantized_checkpoints_path the checkpoint": (
+        lambda case: case.argv.__setitem__(0, str(_hf("mxfp4")(case))), None),
+    "MODEL missing": (_serve(lambda case: case.tmp / "missing"), "model_not_found"),
+    "padded_hidden_size not the checkpoint's": (_override_text('"padded_hidden_size": 64', '"padded_hidden_size": 96'),
+                                                "neuron_config.padding_mismatch"),
+    "padded_hidden_size NaN": (_override_text('"padded_hidden_size": 64', '"padded_hidden_size": NaN'),
+                               "neuron_config.out_of_range"),
+    "padded_hidden_size 1e400": (_override_text('"padded_hidden_size": 64', '"padded_hidden_size": 1e400'),
+                                 "neuron_config.out_of_range"),
+    "padded_hidden_size of 4,001 digits": (_override_text('"padded_hidden_size": 64', '"padded_hidden_size": ' + "9" * 4001),
+                                           "neuron_config.out_of_range"),
+    "padded_hidden_size a string": (_override_text('"padded_hidden_size": 64', '"padded_hidden_size": "64"'),
+                                    "neuron_config.out_of_range"),
+    "--tensor-parallel-size 128": (lambda case: case.argv.extend(["--tensor-parallel-size", "128"]),
+                                   "neuron_config.expert_tp_indivisible"),
+    "--tensor-parallel-size eight": (lambda case: case.argv.extend(["--tensor-parallel-size", "eight"]), "bad_value"),
+    "modules_to_not_convert excludes the experts": (_override_text('"self_attn"]', '"self_attn", "mlp"]'),
+                                                    "neuron_config.experts_excluded"),
+    "quantized 1": (_override_text('"quantized": true', '"quantized": 1'), "neuron_config.not_boolean"),
+    "quantized_checkpoints_path a number": (lambda case: _override_text(json.dumps(str(case.ckpt)), "7")(case),
+                                            "neuron_config.bad_checkpoints_path"),
+    "quantized_checkpoints_path a list": (lambda case: _override_text(json.dumps(str(case.ckpt)), '["x"]')(case),
+                                          "neuron_config.bad_checkpoints_path"),
+    "NEURON_COMPILED_ARTIFACTS a regular file": (_compiled_is_a_file, "compiled_artifacts_not_a_directory"),
+    "CHECKPOINT_FORMAT unset": (_environ(CHECKPOINT_FORMAT=None), "checkpoint_format"),
+    "CHECKPOINT_FORMAT misspelled": (_environ(CHECKPOINT_FORMAT="normalised-fp8"), "checkpoint_format"),
+    "no --additional-config": (_drop("--additional-config"), "neuron_config.not_quantized"),
+    "--additional-config not JSON": (_override_text('{"override_neuron_config"', '{override_neuron_config'),
+                                     "bad_additional_config"),
+    "a boolean given a value": (lambda case: case.argv.append("--trust-remote-code=yes"), "boolean_with_value"),
+    "a second positional": (lambda case: case.argv.insert(1, "extra"), "unexpected_argument"),
+}
+
+
+@pytest.mark.parametrize("name", list(VERDICT_CASES))
+def test_doctor_exits_0_exactly_when_the_start_loads(stack: SimpleNamespace, ckpt: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """For every case: ``doctor -- vllm serve ...`` in this environment, then the start itself
+    (vllm-neuron's real loader, NxDI's real code, our hook): 0 exactly when it loads."""
+    from nxdi_gptoss_fp8 import cli
+
+    environ, argv = recipe(ckpt, tmp_path)
+    vocabulary = Path(environ[serving_host.ENV_TIKTOKEN]) / serving_host.HARMONY_VOCABULARY
+    vocabulary.parent.mkdir(parents=True)
+    vocabulary.write_bytes(b"stand-in vocabulary 0\n")  # Harmony is not part of the start stood in here
+    monkeypatch.setattr(serving_host, "O200K_BASE_SHA256", hashlib.sha256(vocabulary.read_bytes()).hexdigest())
+    environ[fmt.ALLOW_CUSTOM_ENV] = "1"  # the tiny checkpoint's profile (set for every start here)
+    case = SimpleNamespace(stack=stack, ckpt=ckpt, tmp=tmp_path, environ=environ, argv=argv, program=["vllm", "serve"])
+    change, expected = VERDICT_CASES[name]
+    change(case)
+    with clients.restored_environ():
+        for variable in (nxdi_hook.ENV_VAR, serving_host.ENV_COMPILED, serving_host.ENV_TIKTOKEN):
+            os.environ.pop(variable, None)
+        os.environ.update(case.environ)
+        code = cli.main(["doctor", "--", *case.program, *case.argv])
+        report = serving_host.lint_serving_host([*case.program, *case.argv], case.environ)
+    why = ""
+    try:
+        start(stack, list(case.argv), case.environ)
+        loaded = True
+    except (Exception, SystemExit) as exc:  # any way the start ends without a model
+        loaded, why = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+    errors = [f.code for f in report.findings if f.severity == "error"]
+    assert code == (0 if loaded else 1), f"start {'loaded' if loaded else 'failed: ' + why}; doctor:\n{report.render_text()}"
+    assert (expected is None) is loaded and (loaded or expected in errors), (why, errors)

@@ -36,29 +36,35 @@ def add_env_command(commands: Any) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from ..nxdi.serving_host import lint_serving_host, serve_arguments
+    from ..nxdi.serving_host import CommandError, lint_serving_host
 
     command = list(args.serve_command)
     if command[:1] == ["--"]:
         command = command[1:]
-    if command and serve_arguments(command) is None:
-        raise UsageError(f"{' '.join(command)!r} is not a vLLM server's command line: pass it after --, as "
-                         "`-- vllm serve MODEL ...` or `-- python -m vllm.entrypoints.openai.api_server --model MODEL ...`")
-    report = lint_serving_host(command)
+    try:
+        report = lint_serving_host(command)
+    except CommandError as exc:
+        raise UsageError(str(exc)) from None
     return print_result(report, args.json)
 
 
 def add_doctor_command(commands: Any) -> None:
     """The ``doctor`` command's parser, beside its handler."""
     doctor = commands.add_parser(
-        "doctor", help="check a vllm serve command and this host's settings against the vLLM recipe (stdlib, any host)",
-        description="Lint the settings a vLLM server for a normalized FP8 checkpoint needs, before it starts: the "
-                    "--additional-config key (override_neuron_config, not override-neuron-config) and every FP8 key "
-                    "in it, the model given as a local directory (not a Hub id), CHECKPOINT_FORMAT, "
-                    "NEURON_COMPILED_ARTIFACTS set and outside the checkpoint, and Harmony's o200k_base.tiktoken in "
-                    "TIKTOKEN_ENCODINGS_BASE with the SHA-256 Harmony checks. Pass the serve command after --, e.g. "
-                    "nxdi-gptoss-fp8 doctor -- vllm serve /data/models/x --additional-config '{...}'; without it only "
-                    "the environment is checked. One line per finding, each with its fix. Exit 0, or 1 on any error.",
+        "doctor", help="judge a vllm serve command and this host as the start does: the load's checks (stdlib, any host)",
+        description="Judge a vllm serve command and this host as the start judges them, before it starts: the "
+                    "command read as vLLM reads it (vllm by any path or python -m vllm.entrypoints.openai.api_server; "
+                    "the model as the positional or --model; --opt=value; _ or - in option names; the last of a "
+                    "repeated option; --additional-config as JSON), the NeuronConfig vllm-neuron builds from it (its "
+                    "defaults, then override_neuron_config), and the checkpoint it loads checked with that "
+                    "NeuronConfig by the checks `validate MODEL --neuron-config FILE` runs (another kind of "
+                    "directory is named as inspect names it). Also CHECKPOINT_FORMAT (read as the hook reads it), "
+                    "NEURON_COMPILED_ARTIFACTS and Harmony's o200k_base.tiktoken in TIKTOKEN_ENCODINGS_BASE. Pass "
+                    "the serve command after --, e.g. nxdi-gptoss-fp8 doctor -- vllm serve /data/models/x "
+                    "--additional-config '{...}'; without it only the environment is checked. One line per finding, "
+                    "each with its fix. Exit 0: the start loads (warnings may remain); 1: an error stops it; 2: not "
+                    "a vLLM server's command line, or vLLM's --config YAML (pass its options instead). Rules: "
+                    "docs/serving.md.",
     )
     doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
     doctor.add_argument("serve_command", nargs=argparse.REMAINDER, metavar="-- vllm serve MODEL ...",

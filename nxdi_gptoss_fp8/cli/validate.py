@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..units import printable
-from ..validate.pipeline import preflight
+from ..validate.verdict import checkpoint_verdict
 from ._output import print_result
 from ._shared import (
     EXIT_FINDINGS,
@@ -39,7 +39,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.deep:
         _needs("--deep", "numpy")
     neuron_config = _load_neuron_config(args.neuron_config)
-    report = preflight(
+    # another kind of checkpoint (HF, compressed-tensors, legacy), or pre-sharded weights copied
+    # without their compiled directory: the report's hint, inspect's one-line verdict and action,
+    # first (the one verdict doctor gives for a vllm serve command too)
+    verdict = checkpoint_verdict(
         args.path,
         neuron_config=neuron_config,
         allow_custom_model=_allow_custom(args),
@@ -47,11 +50,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         deep=args.deep,
         verify_checksums=args.verify_checksums,
     )
+    report = verdict.report
     code = EXIT_FINDINGS if not report.clean else EXIT_OK if report.complete else EXIT_PARTIAL
     if args.json:
         return print_result(report, True, exit_code=code)
-    # another kind of checkpoint, or pre-sharded weights without their compiled directory: the
-    # report's hint (inspect's one-line verdict and action) first
     text = report.render_text(limit=None, summarize=False) if args.all else report.render_text(limit=TEXT_FINDINGS_LIMIT)
     return print_result(report, False, text=f"{printable(report.hint)}\n{text}" if report.hint else text, exit_code=code)
 
@@ -76,8 +78,10 @@ def add_validate_command(commands: Any) -> None:
                           help=f"list every finding, one line each (text output otherwise summarizes repeated "
                                f"findings and shows at most {TEXT_FINDINGS_LIMIT} lines)")
     validate.add_argument("--neuron-config", metavar="FILE.json",
-                          help="NxDI NeuronConfig attributes as JSON (flat, or nested under \"neuron_config\" "
-                               "as NxDI saves it): also check that NxDI will run this checkpoint as configured")
+                          help="NxDI NeuronConfig attributes as JSON (flat, nested under \"neuron_config\" as NxDI "
+                               "saves it, or vLLM's --additional-config object {\"override_neuron_config\": {...}}, "
+                               "read over vLLM's default settings as vllm-neuron does): also check that NxDI will run "
+                               "this checkpoint as configured")
     validate.add_argument("--allow-custom-model", action="store_true",
                           help=f"accept model_profile 'custom' (tiny test models); also {fmt.ALLOW_CUSTOM_ENV}=1")
     reads = validate.add_mutually_exclusive_group()  # a deep scan reads the tensor data headers-only skips

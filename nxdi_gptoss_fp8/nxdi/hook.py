@@ -40,6 +40,7 @@ from .. import format as fmt
 from ..deps import importable
 from ..errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError, refusals_stop_the_start
 from ..validate.findings import PreflightReport
+from ..validate.nxdi_config import config_attr, neuron_config_view
 from ..validate.pipeline import allow_custom_from_env, preflight
 from .presharded import SHARD_SOURCES, fingerprint_or_none, record_source, wrap_load_weights, wrap_shard_weights
 from .recipes import vllm_hint
@@ -100,15 +101,10 @@ def near_miss_error(value: str, source: str) -> CheckpointFormatError:
     )
 
 
-def _neuron_config_of(config: Any) -> Any:
-    inner = getattr(config, "neuron_config", None)
-    return inner if inner is not None else config
-
-
 def normalized_mode(config: Any = None, environ: Mapping[str, str] | None = None) -> bool:
     """Whether this call should take the normalized path (read now, like NxDI reads its env).
 
-    ``config`` is NxDI's InferenceConfig or NeuronConfig (or None). Raises
+    ``config`` is NxDI's InferenceConfig or NeuronConfig, a mapping of one (``doctor``), or None. Raises
     ``CheckpointFormatError`` for a near-miss spelling in either place, for a config value
     other than ``normalized_fp8``, and when the environment and the config disagree.
     """
@@ -117,7 +113,7 @@ def normalized_mode(config: Any = None, environ: Mapping[str, str] | None = None
     env_normalized = env_value is not None and env_value.strip().lower() == NORMALIZED_FP8
     if env_value is not None and is_near_miss(env_value):
         raise near_miss_error(env_value, ENV_VAR)
-    config_value = getattr(_neuron_config_of(config), CONFIG_ATTR, None) if config is not None else None
+    config_value = config_attr(neuron_config_view(config), CONFIG_ATTR) if config is not None else None
     if config_value is None or (isinstance(config_value, str) and not config_value.strip()):
         return env_normalized
     source = f"neuron_config.{CONFIG_ATTR}"
@@ -142,13 +138,14 @@ def normalized_mode(config: Any = None, environ: Mapping[str, str] | None = None
 
 def _checkpoint_path(model_path: Any, config: Any) -> str:
     """Where NxDI reads a quantized checkpoint from: ``quantized_checkpoints_path`` if set."""
-    quantized_path = getattr(_neuron_config_of(config), "quantized_checkpoints_path", None)
-    return os.fspath(quantized_path or model_path)
+    quantized_path = getattr(neuron_config_view(config), "quantized_checkpoints_path", None)
+    ok = isinstance(quantized_path, (str, os.PathLike))  # a number, a list: the preflight's finding says so
+    return os.fspath(quantized_path if ok and quantized_path else model_path)
 
 
 def checked_preflight(path: str, config: Any) -> PreflightReport:
     """Run the preflight with NxDI's config, log the verdict, raise ``PreflightError`` on any error."""
-    neuron_config = _neuron_config_of(config) if config is not None else None
+    neuron_config = neuron_config_view(config) if config is not None else None
     report = preflight(
         path,
         neuron_config=neuron_config,
@@ -182,7 +179,7 @@ def normalized_state_dict(cls: type, model_name_or_path: Any, config: Any) -> di
     """What our ``get_state_dict`` returns in normalized mode: preflight, map, derive, prefix."""
     from ..loader import load_checkpoint
 
-    if getattr(_neuron_config_of(config), "is_medusa", False):
+    if getattr(neuron_config_view(config), "is_medusa", False):
         raise LoadError("Medusa heads are not supported with normalized FP8 checkpoints (NxDI would "
                         "unpickle medusa_heads.pt, which this format never opens): disable is_medusa")
     path = os.fspath(model_name_or_path)

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import format as fmt
+from ..validate.vllm_config import VLLM_OVERRIDE_KEY
 
 __all__ = [
     "DEFAULT_VLLM_SETTINGS", "MODULES_TO_NOT_CONVERT", "QUANTIZATION_KEYS", "VLLM_ADDITIONAL_CONFIG_FLAG",
@@ -27,7 +28,6 @@ __all__ = [
 ]
 
 MODULES_TO_NOT_CONVERT = ("lm_head", "self_attn")  # NxD's substring rule: attention and lm_head stay BF16
-VLLM_OVERRIDE_KEY = "override_neuron_config"  # the only key vllm-neuron reads (not "override-neuron-config")
 VLLM_ADDITIONAL_CONFIG_FLAG = "--additional-config"
 # the NeuronConfig keys that say "this checkpoint is normalized FP8"; vLLM's defaults lack all of them
 QUANTIZATION_KEYS = ("quantized", "quantized_checkpoints_path", "quantization_type", "quantization_dtype",

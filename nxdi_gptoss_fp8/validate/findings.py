@@ -171,14 +171,16 @@ class PreflightReport:
 
     @property
     def hint(self) -> str | None:
-        """For a refused directory that is another kind of checkpoint (or pre-sharded weights
-        without their compiled directory): ``inspect``'s one-line verdict and action, which
-        ``validate`` prints first; else None. Read from the directory once, when first asked."""
+        """For a refused directory that is another kind of checkpoint (HF, compressed-tensors,
+        legacy, pre-sharded weights, a compiled NxDI model directory): ``inspect``'s one-line
+        verdict and action, which ``validate`` and ``doctor`` print first; else None. The
+        directory is recognized once, when first asked."""
         if self.ok or self.view is None:
             return None
-        from .foreign import refusal_hint
+        from .foreign import refused_recognition
 
-        return refusal_hint(self.view)
+        recognition = refused_recognition(self.view)
+        return recognition.hint() if recognition is not None else None
 
     def codes(self) -> list[str]:
         """The codes of the stored findings (see ``omitted`` for those only counted)."""

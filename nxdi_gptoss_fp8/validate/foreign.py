@@ -8,7 +8,7 @@ from typing import Any
 
 from .view import CheckpointView
 
-__all__ = ["foreign_recognition", "refusal_hint"]
+__all__ = ["foreign_recognition", "refused_recognition"]
 
 
 # The checkpoint kinds ``recognize`` names that are not normalized (compiled NxDI output and
@@ -31,16 +31,17 @@ def foreign_recognition(view: CheckpointView) -> Any:
     return view.recognition if view.recognition.kind in _FOREIGN_KINDS else None
 
 
-def refusal_hint(view: CheckpointView) -> str | None:
-    """``inspect``'s one-line verdict and action for a directory the preflight refused when it is
-    another kind of checkpoint (HF, compressed-tensors, legacy) or pre-sharded weights copied
-    without their compiled directory; else None (``PreflightReport.hint``)."""
-    from ..recognize import PRESHARDED
+def refused_recognition(view: CheckpointView) -> Any:
+    """What ``inspect`` says a directory the preflight refused is, when it is a kind of directory
+    ``recognize`` knows other than a normalized checkpoint (HF, compressed-tensors, legacy,
+    pre-sharded weights, a compiled NxDI model directory), else None: its ``hint()`` is
+    ``PreflightReport.hint``."""
+    from ..recognize import NORMALIZED
 
-    recognition = foreign_recognition(view)
-    if recognition is None and view.recognition is not None and view.recognition.kind == PRESHARDED:
-        recognition = view.recognition
-    return recognition.hint() if recognition is not None else None
+    foreign_recognition(view)  # recognizes the directory once, into view.recognition
+    recognition = view.recognition
+    known = recognition is not None and recognition.known and recognition.kind != NORMALIZED
+    return recognition if known else None
 
 
 def _foreign_advice(view: CheckpointView) -> str | None:

@@ -25,6 +25,7 @@ from .. import format as fmt
 from ..errors import ConfigError
 from ..safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from ..safeio.strict_json import JsonError
+from .vllm_config import VLLM_OVERRIDE_KEY
 
 __all__ = [
     "BOOLEAN_NEURON_CONFIG_KEYS", "KNOWN_NEURON_CONFIG_KEYS", "MAX_CONFIG_FILE_SIZE", "MAX_DIMENSION",
@@ -37,6 +38,7 @@ __all__ = [
 MAX_DIMENSION = fmt.MAX_DIMENSION
 # NxD's substring rule costs (paths × entries); real configs have a handful of entries
 MAX_EXCLUSION_WORK = 2_000_000
+MAX_NEAREST_SEARCHES = 100  # unknown keys given a "did you mean" (a JSON may hold thousands)
 
 # The attributes NxDI 0.9's NeuronConfig, MoENeuronConfig and GptOssNeuronConfig take (their
 # keyword arguments), plus this package's own opt-in. A JSON key outside this set is dropped by
@@ -72,10 +74,19 @@ def config_attr(source: Any, name: str, default: Any = None) -> Any:
 
 
 def neuron_config_view(neuron_config: Any) -> Any:
-    """The NeuronConfig attributes of whatever the caller passed (object, flat or nested mapping)."""
+    """The NeuronConfig attributes of whatever the caller passed: an object, a flat mapping, one
+    nested under ``"neuron_config"`` as NxDI saves it, or vLLM's ``--additional-config`` JSON
+    (``{"override_neuron_config": {...}}``: the NeuronConfig vllm-neuron builds from it with
+    vLLM's default settings, ``vllm_config.neuron_config_from_override``)."""
     if isinstance(neuron_config, Mapping):
         inner = neuron_config.get("neuron_config")
-        return inner if isinstance(inner, Mapping) else neuron_config
+        if isinstance(inner, Mapping):
+            return inner
+        if isinstance(neuron_config.get(VLLM_OVERRIDE_KEY), Mapping):
+            from .vllm_config import neuron_config_from_override
+
+            return neuron_config_from_override(neuron_config)
+        return neuron_config
     inner = getattr(neuron_config, "neuron_config", None)
     return inner if inner is not None else neuron_config
 
@@ -204,7 +215,7 @@ def has_model_fields(source: Mapping[str, Any]) -> bool:
 
 def unknown_key_problems(nc: Mapping[str, Any]) -> list[Problem]:
     """A warning per key NxDI's NeuronConfig does not take, naming the nearest known key."""
-    problems = []
+    problems: list[Problem] = []
     for key in list(nc)[:10_000]:
         if key in KNOWN_NEURON_CONFIG_KEYS:
             continue
@@ -212,7 +223,9 @@ def unknown_key_problems(nc: Mapping[str, Any]) -> list[Problem]:
             problems.append(Problem("neuron_config", "unknown_key", f"key {describe(key)} is not an attribute name", describe(key), warning=True))
             continue
         shown = key[:80]
-        nearest = difflib.get_close_matches(key[:200], KNOWN_NEURON_CONFIG_KEYS, n=1, cutoff=0.6)
+        # the nearest name for the first MAX_NEAREST_SEARCHES keys (each search compares ~200 names)
+        nearest = difflib.get_close_matches(key[:200], KNOWN_NEURON_CONFIG_KEYS, n=1, cutoff=0.6) \
+            if len(problems) < MAX_NEAREST_SEARCHES else []
         hint = f": did you mean {nearest[0]!r}?" if nearest else ""
         problems.append(Problem(
             "neuron_config", "unknown_key",
@@ -316,6 +329,12 @@ def neuron_config_problems(nc: Any, *, dims: fmt.ModelDims | None, layout: fmt.L
                 f"non-empty value (\"false\" too) is on; write {attr}: true or false", attr)
     if not config_attr(nc, "quantized", False):
         add("not_quantized", "quantized is not set: set quantized=True and quantized_checkpoints_path to the checkpoint directory, or NxDI builds BF16 experts and casts the FP8 bytes without scales", "quantized")
+    # NxDI's NeuronConfig always holds it (None unless given); a JSON file may leave it out
+    named, path_key = config_attr(nc, "quantized_checkpoints_path"), "quantized_checkpoints_path"
+    given = path_key in nc if isinstance(nc, Mapping) else hasattr(nc, path_key)
+    if config_attr(nc, "quantized", False) and given and not (isinstance(named, (str, os.PathLike)) and os.fspath(named).strip()):
+        add("bad_checkpoints_path", f"quantized_checkpoints_path is {describe(named)}, not a directory path: NxDI loads "
+            "the quantized checkpoint from it; set it to the checkpoint directory", "quantized_checkpoints_path")
     dtype = config_attr(nc, "quantization_dtype", "int8")
     if dtype != fmt.QUANTIZATION_DTYPE:
         add("wrong_quantization_dtype", f"quantization_dtype is {describe(dtype)}: set it to {fmt.QUANTIZATION_DTYPE!r}", "quantization_dtype")

@@ -134,11 +134,26 @@ def _entry_point() -> Any:
     return getattr(importlib.import_module(match.group(1)), match.group(2))
 
 
+def _flexible(argv: Sequence[str]) -> list[str]:
+    """What vLLM's ``FlexibleArgumentParser`` does to the words first: ``_`` → ``-`` in a long
+    option's name (up to its first ``.``, before any ``=``)."""
+    words = []
+    for word in argv:
+        if word.startswith("--"):
+            name, eq, value = word.partition("=")
+            head, dot, tail = name.partition(".")
+            word = head.replace("_", "-") + dot + tail + eq + value
+        words.append(word)
+    return words
+
+
 def parse_serve(argv: Sequence[str]) -> argparse.Namespace:
     """``vllm serve``'s arguments, for the flags the recipe uses (the same names and defaults)."""
     parser = argparse.ArgumentParser(prog="vllm serve")
-    parser.add_argument("model")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("model_tag", nargs="?")  # `vllm serve MODEL`; the api_server module takes --model only
+    parser.add_argument("--model")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--dtype", default="auto")
@@ -146,7 +161,12 @@ def parse_serve(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--additional-config", type=json.loads, default={})
     parser.add_argument("--port", type=int)
-    return parser.parse_args(list(argv))
+    args = parser.parse_args(_flexible(argv))
+    if args.model_tag is not None:  # the positional wins, as `vllm serve` has it
+        args.model = args.model_tag
+    if args.model is None:
+        parser.error("no model")
+    return args
 
 
 def serve(loader_module: types.ModuleType, argv: Sequence[str], *, plugins: bool = True) -> Any:
