@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from .. import format as fmt
 from ..errors import ConversionError
 from ..host import available_memory, host_cpus
+from ..interrupts import interrupts_held
 from ..units import format_bytes, plural
 from ..writer import CheckpointWriter, PlannedTensor, planned_bytes, pwrite_all
 
@@ -254,7 +255,11 @@ class LayerPool:
                 process.join(timeout=10)
 
     def submit(self, function: Callable[[int], T], layer: int) -> Future[T]:
-        return self._executor.submit(function, layer)
+        """Queue ``layer``; a worker process may start here, with interruptions held until it
+        is started and registered (``interrupts_held``): one cut off while receiving its start
+        data would print a multiprocessing traceback, and one not registered would not be killed."""
+        with interrupts_held():
+            return self._executor.submit(function, layer)
 
     def gather(self, futures: list[Future[T]], poll: Callable[[int], None]) -> list[T]:
         """The results in submission order; ``poll(done)`` runs every ``POLL_SECONDS`` while
@@ -380,7 +385,7 @@ class ConversionWorkers:
     def __init__(self, plan: WorkerPlan, source: Any, kind: Any, layout: fmt.Layout, writer: CheckpointWriter,
                  by_layer: dict[int, list[tuple[str, str]]]) -> None:
         assert writer.tmp is not None, "the writer's block must be entered first"
-        with sigint_blocked():  # the lock may start multiprocessing's resource tracker
+        with sigint_blocked(), interrupts_held():  # the lock may start multiprocessing's resource tracker
             self._counter = multiprocessing.get_context("spawn").Value("q", 0)
         job = ConvertJob(source, kind, layout, writer.tmp, dict(writer.planned), by_layer, plan.lanes, self._counter)
         self._pool = LayerPool(plan.processes, _setup_convert, (job,))
