@@ -220,8 +220,8 @@ def check_writable(target: OutputTarget) -> None:
                               "under it; choose another output path")
     with contextlib.suppress(OSError, AttributeError):
         if os.statvfs(path).f_flag & os.ST_RDONLY:
-            raise ConversionError(f"cannot write {target.out}: {path} is on a read-only file system; "
-                                  "choose an OUT on a writable filesystem")
+            raise OutputWriteError(f"cannot write {target.out}: {path} is on a read-only file system; "
+                                   "choose an OUT on a writable filesystem", path=path, errno_name="EROFS")
     effective = {"effective_ids": True} if os.access in os.supports_effective_ids else {}
     if not os.access(path, os.W_OK | os.X_OK, **effective):
         raise ConversionError(f"cannot write {target.out}: {path} is not writable by this user (permissions); "

@@ -210,7 +210,7 @@ def test_a_disk_that_fills_during_the_run_is_one_line_and_leaves_out_as_it_was(
         assert main([*args, "--json"]) == 2
         document = json.loads(capsys.readouterr().out)
         error = document["error"]
-        assert error["type"] == "OutputWriteError" and error["errno"] == "ENOSPC" and error["kind"] == "usage"
+        assert error["type"] == "OutputWriteError" and error["errno"] == "ENOSPC" and error["kind"] == "io"
         assert error["path"].startswith(str(small)) and document["exit_code"] == 2
         if existing:
             assert {p.name: p.read_bytes() for p in out.iterdir()} == before

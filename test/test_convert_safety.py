@@ -381,6 +381,9 @@ def test_a_read_only_out_is_refused_naming_it_before_the_first_byte(sources: dic
         code = main(["convert", str(sources[SOURCE_MXFP4]), str(out)])
         err = capsys.readouterr().err
         assert code == 2 and str(out) in err and "read-only file system" in err.lower() and "Traceback" not in err
+        assert main(["convert", str(sources[SOURCE_MXFP4]), str(out), "--json"]) == 2
+        error = json.loads(capsys.readouterr().out)["error"]  # the filesystem refused the write: io, as a full disk
+        assert error["kind"] == "io" and error["errno"] == "EROFS" and error["type"] == "OutputWriteError"
 
 
 @pytest.mark.parametrize("target", ["real-out", "/nonexistent/x"])
