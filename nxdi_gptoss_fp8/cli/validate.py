@@ -52,8 +52,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     # without their compiled directory: inspect's one-line verdict and action first
     recognition = foreign_recognition(report.view) if not report.ok and report.view is not None else None
     if recognition is None and not report.ok and report.view is not None and report.view.recognition is not None \
-            and report.view.recognition.kind == PRESHARDED:
-        recognition = report.view.recognition
+            and (report.view.recognition.kind == PRESHARDED or report.view.recognition.inside):
+        recognition = report.view.recognition  # pre-sharded weights, or a folder holding checkpoints
     hint = recognition.hint() if recognition is not None else None
     if args.json:
         print(json.dumps({**report.to_dict(), "hint": hint}, indent=2))

@@ -20,6 +20,7 @@ from ..nxdi.config import (
 )
 from .directory import _read_json_file
 from .findings import PreflightReport, Severity
+from .foreign import nested_advice
 from .view import CheckpointView
 
 __all__ = ["bound_config", "check_neuron_config"]
@@ -27,7 +28,8 @@ __all__ = ["bound_config", "check_neuron_config"]
 
 def _check_config(view: CheckpointView, report: PreflightReport) -> None:
     if not os.path.exists(os.path.join(view.root, fmt.CONFIG_FILE)):
-        report.add("config", "missing", f"{fmt.CONFIG_FILE} is missing: copy the model's Hugging Face config into the checkpoint directory", file=fmt.CONFIG_FILE)
+        fix = nested_advice(view) or "copy the model's Hugging Face config into the checkpoint directory"
+        report.add("config", "missing", f"{fmt.CONFIG_FILE} is missing: {fix}", file=fmt.CONFIG_FILE)
         return
     config = _read_json_file(view, report, fmt.CONFIG_FILE, "config")
     if config is None:
