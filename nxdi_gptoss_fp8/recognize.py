@@ -30,6 +30,7 @@ from . import other_formats
 from .safeio.files import file_kind, not_regular_reason
 from .safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from .safeio.safetensors_header import HeaderError, read_header
+from .units import plural
 
 MAX_ENTRIES = 10_000
 MAX_HEADERS = 4
@@ -325,7 +326,7 @@ def _weight_names(rec: Recognition, reader: _Reader, entries: Mapping[str, bool]
                 names.append(name)
                 if isinstance(shard, str):
                     owner[name] = shard
-            return names, owner, f"{fmt.INDEX_FILE} ({len(weight_map):,} tensors)"
+            return names, owner, f"{fmt.INDEX_FILE} ({plural(len(weight_map), 'tensor')})"
     files = sorted(name for name, is_dir in entries.items() if not is_dir and name.endswith(".safetensors"))
     if SINGLE_FILE in files:
         files.remove(SINGLE_FILE)
@@ -398,7 +399,7 @@ def _recognize_weights(rec: Recognition, reader: _Reader, entries: Mapping[str, 
         rec.actions = [f"`nxdi-gptoss-fp8 validate {root}` lists what it lacks to be a normalized FP8 checkpoint"]
         _note_listed_shards(rec, reader, index if isinstance(index, dict) else None)
     else:
-        rec.evidence.append(f"{source}: {len(names):,} tensors, none with a GPT-OSS expert name (e.g. "
+        rec.evidence.append(f"{source}: {plural(len(names), 'tensor')}, none with a GPT-OSS expert name (e.g. "
                             f"{', '.join(names[:3]) or 'none'})")
     if rec.kind in (HF_MXFP4, HF_BF16, COMPRESSED_TENSORS_FP8) and entries.get("original"):
         rec.notes.append("original/ holds OpenAI's other set: it is never read (neither by NxDI's HF path nor by convert)")
@@ -523,7 +524,7 @@ def _compiled_artifacts(rec: Recognition, reader: _Reader, entries: Mapping[str,
         if settings:
             rec.evidence.append(f"{NEURON_CONFIG_FILE}: " + ", ".join(f"{key}={value!r}" for key, value in settings.items()))
         if sharded:
-            rec.evidence.append(f"{PRESHARDED_DIR}/: pre-sharded weights for {len(sharded)} ranks")
+            rec.evidence.append(f"{PRESHARDED_DIR}/: pre-sharded weights for {plural(len(sharded), 'rank')}")
         rec.actions = [f"check it with `nxdi-gptoss-fp8 validate {root}` (its pre-sharded weights against their manifest), "
                        f"then pass it to NxDI as the compiled model path (model.load({root!r})); it is not a checkpoint to convert"]
         if settings.get("checkpoint_format") == "normalized_fp8" and not sharded:

@@ -139,8 +139,8 @@ class ConversionReport:
         rate = self.fp8_bytes / self.elapsed_s / 1e6 if self.elapsed_s > 0 else 0.0
         lines = [
             f"converted {self.source} ({self.source_format}) → {self.out}",
-            f"  profile {self.profile}, {self.layers} layers, H'={self.padded_hidden_size}, "
-            f"I'={self.padded_intermediate_size}, {self.tensors} tensors",
+            f"  profile {self.profile}, {plural(self.layers, 'layer')}, H'={self.padded_hidden_size}, "
+            f"I'={self.padded_intermediate_size}, {plural(self.tensors, 'tensor')}",
             f"  {plural(self.files, 'file')}, {format_bytes(self.files_bytes)} ({self.files_bytes:,} bytes) written: "
             f"{format_bytes(self.bytes_written)} of tensor data ({format_bytes(self.fp8_bytes)} FP8), in "
             f"{self.elapsed_s:.1f} s ({rate:.0f} MB/s FP8)",

@@ -20,6 +20,7 @@ from .. import format as fmt
 from ..config_fields import config_field_problems
 from ..errors import ConversionError
 from ..progress import Progress
+from ..units import plural
 from ..writer import CheckpointWriter, parse_size
 from .card import CARD_FILE, card_size_bound, write_model_card
 from .kinds.base import SourceKind
@@ -76,7 +77,7 @@ def _classify(names: set[str]) -> SourceKind:
         what = "already-converted (NxDI) names: a normalized checkpoint needs no conversion; validate it instead"
     else:
         what = "no GPT-OSS expert tensors (looked for " + "; ".join(k.description for k in KINDS.values()) + ")"
-    raise ConversionError(f"unrecognized source layout: {what} (found {len(names)} tensors, e.g. {sample})")
+    raise ConversionError(f"unrecognized source layout: {what} (found {plural(len(names), 'tensor')}, e.g. {sample})")
 
 
 def open_source(src: str | os.PathLike[str], *, gate_up_split: str | None = None,

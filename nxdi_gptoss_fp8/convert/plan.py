@@ -131,7 +131,7 @@ class ConversionPlan:
     def render_text(self) -> str:
         download = self.download_bytes
         lines = [f"plan: convert {self.source} ({self.source_format or 'format known after the download'}) → {self.out}",
-                 f"  profile {self.profile}, {self.layers} layers, H'={self.padded_hidden_size}, "
+                 f"  profile {self.profile}, {plural(self.layers, 'layer')}, H'={self.padded_hidden_size}, "
                  f"I'={self.padded_intermediate_size}",
                  f"  read: {plural(len(self.reads), 'file')}, {format_bytes(self.read_bytes)}"
                  + ("" if all(f.cached is None for f in self.reads) else

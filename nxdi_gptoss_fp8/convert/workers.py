@@ -158,7 +158,7 @@ def plan_workers(requested: int | None, layout: fmt.Layout, kind: str, *,
     if note is None and requested is not None and processes * lanes < workers:  # capped: said, never silent
         note = (f"{plural(workers, 'worker')} asked for, {processes * lanes} run ({plural(processes, 'process', 'processes')}"
                 f" × {plural(lanes, 'lane')}): the same lanes in every process, at most one process per layer "
-                f"({layout.dims.num_hidden_layers} layers) and {MAX_LANES} lanes per process")
+                f"({plural(layout.dims.num_hidden_layers, 'layer')}) and {MAX_LANES} lanes per process")
     return WorkerPlan(workers=processes * lanes, processes=processes, lanes=lanes,
                       process_bytes=process_bytes(layout, kind, lanes), note=note)
 

@@ -34,6 +34,7 @@ from typing import Any
 from .. import format as fmt
 from ..hub import is_repo_id
 from ..safeio.hashing import sha256_file
+from ..units import plural
 from .recipes import (
     HARMONY_VOCABULARY_URL,
     MODULES_TO_NOT_CONVERT,
@@ -83,7 +84,7 @@ class HostReport:
     def render_text(self) -> str:
         lines = [f.render() for f in self.findings]
         errors = sum(f.severity == "error" for f in self.findings)
-        lines.append(f"{'OK' if self.ok else 'FAILED'}: {errors} errors, {len(self.findings) - errors} warnings "
+        lines.append(f"{'OK' if self.ok else 'FAILED'}: {plural(errors, 'error')}, {plural(len(self.findings) - errors, 'warning')} "
                      "(the vLLM recipe: README, \"Serving with vLLM\")")
         return "\n".join(lines)
 

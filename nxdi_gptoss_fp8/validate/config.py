@@ -18,6 +18,7 @@ from ..nxdi.config import (
     neuron_config_problems,
     neuron_config_view,
 )
+from ..units import plural
 from .directory import _read_json_file
 from .findings import PreflightReport, Severity
 from .foreign import nested_advice
@@ -122,7 +123,7 @@ def _dims_in_proportion(view: CheckpointView, report: PreflightReport) -> bool:
         return True
     report.add(
         "config", "dims_out_of_proportion",
-        f"num_hidden_layers={layers} means {expected:,} tensors but the checkpoint lists {present:,}: "
+        f"num_hidden_layers={layers} means {plural(expected, 'tensor')} but the checkpoint lists {present:,}: "
         "this config.json does not describe the checkpoint; no namespace is derived from it",
         file=fmt.CONFIG_FILE, key="num_hidden_layers",
     )
