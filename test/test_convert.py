@@ -235,8 +235,9 @@ def test_hf_cache_paths_give_repo_and_revision(tmp_path: Path) -> None:
 
 
 def test_the_index_records_no_local_path_and_no_repo_from_name_or_path(mxfp4_source: Path, tmp_path: Path) -> None:
-    """The index travels with an upload: it names what identifies the source (its fingerprint,
-    the Hub repo when known), never where the source sat; ``_name_or_path`` is inert."""
+    """The output travels with an upload: the index names what identifies the source (its
+    fingerprint, the Hub repo when known), and no file names where the source sat — config.json's
+    ``_name_or_path`` (the source's path) is dropped, as transformers replaces it on load anyway."""
     config_path = mxfp4_source / fmt.CONFIG_FILE
     config = json.loads(config_path.read_text())
     config["_name_or_path"] = str(mxfp4_source)
@@ -246,6 +247,10 @@ def test_the_index_records_no_local_path_and_no_repo_from_name_or_path(mxfp4_sou
     source = json.loads(raw)["metadata"]["source"]
     assert str(mxfp4_source) not in raw and str(tmp_path) not in raw
     assert "path" not in source and "repo" not in source
+    for written in sorted((tmp_path / "out").rglob("*")):  # no file of the output names where the source sat
+        if written.is_file():
+            assert str(mxfp4_source).encode() not in written.read_bytes(), written.name
+    assert "_name_or_path" not in json.loads((tmp_path / "out" / fmt.CONFIG_FILE).read_text())
     moved = tmp_path / "elsewhere"
     shutil.copytree(mxfp4_source, moved)
     assert open_source(moved).fingerprint() == source["fingerprint"]  # the same files anywhere
@@ -348,7 +353,7 @@ WRONG_SOURCES = {
     "legacy_names": (_legacy, "original layout"),
     "index_into_original": (_index_into_original, "original/ set is never mixed"),
     "truncated_shard": (_truncate, "not a valid safetensors file"),
-    "missing_tensor": (lambda src: _rewrite_shard(src, _drop_tensor), "lacks 1 tensors"),
+    "missing_tensor": (lambda src: _rewrite_shard(src, _drop_tensor), "lacks 1 tensor the config"),
     "extra_tensor": (lambda src: _rewrite_shard(src, _add_tensor), "does not"),
     "pickle_only": (_pickle_only, "found: config.json, original/, pytorch_model.bin"),
     "nan_scale": (lambda src: _rewrite_shard(src, _nan_scale), "scale byte 255"),

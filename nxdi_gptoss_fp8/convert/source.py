@@ -99,7 +99,7 @@ class Source:
         """What the index's ``source`` metadata records: what identifies the source wherever it
         sits (its format, the Hub repo and commit when it is an HF cache snapshot, its
         ``fingerprint``), never the local path it was read from; no timestamps, so the output is
-        reproducible. ``config.json``'s ``_name_or_path`` is inert and names no repo here."""
+        reproducible. ``config.json``'s ``_name_or_path`` names no repo here (and the output drops it)."""
         record: dict[str, Any] = {"format": self.kind, "converter": f"nxdi-gptoss-fp8 {__version__}", **self.options}
         match = _HF_SNAPSHOT.search(self.root.replace(os.sep, "/"))
         if match:
