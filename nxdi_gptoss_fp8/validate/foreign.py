@@ -8,7 +8,7 @@ from typing import Any
 
 from .view import CheckpointView
 
-__all__ = ["foreign_recognition"]
+__all__ = ["foreign_recognition", "nested_advice"]
 
 
 # The checkpoint kinds ``recognize`` names that are not normalized (compiled NxDI output and
@@ -29,6 +29,13 @@ def foreign_recognition(view: CheckpointView) -> Any:
 
         view.recognition = recognize(view.root)
     return view.recognition if view.recognition.kind in _FOREIGN_KINDS else None
+
+
+def nested_advice(view: CheckpointView) -> str | None:
+    """``DIR holds gpt-oss-120b-fp8/, a normalized FP8 checkpoint: nxdi-gptoss-fp8 validate …``
+    when the directory is no checkpoint but holds one a level down (``recognize``), else None."""
+    foreign_recognition(view)
+    return view.recognition.hint() if view.recognition.inside else None
 
 
 def _foreign_advice(view: CheckpointView) -> str | None:

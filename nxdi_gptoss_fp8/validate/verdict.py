@@ -47,5 +47,6 @@ def checkpoint_verdict(path: str | os.PathLike[str], *, neuron_config: Any = Non
         return CheckpointVerdict(report)
     foreign_recognition(view)  # recognizes the directory once, into view.recognition
     recognition = view.recognition
-    known = recognition is not None and recognition.known and recognition.kind != NORMALIZED
+    # another kind of checkpoint, or a folder that holds a checkpoint one level down
+    known = recognition is not None and ((recognition.known and recognition.kind != NORMALIZED) or recognition.inside)
     return CheckpointVerdict(report, recognition if known else None)
