@@ -16,6 +16,7 @@ import sys
 from types import ModuleType
 
 from .errors import MissingDependencyError
+from .interrupts import interrupts_held
 
 __all__ = ["CPU_TORCH", "INSTALL_HINTS", "OPTIONAL", "available", "importable", "missing", "module_version", "require"]
 
@@ -41,9 +42,12 @@ def missing(name: str, purpose: str = "") -> MissingDependencyError:
 
 
 def require(name: str, purpose: str = "") -> ModuleType:
-    """Import module ``name``, or raise ``MissingDependencyError`` saying that ``purpose`` needs it."""
+    """Import module ``name``, or raise ``MissingDependencyError`` saying that ``purpose`` needs it.
+    Ctrl-C, SIGTERM and SIGHUP wait for the import to end (``interrupts_held``): torch's C
+    initialisers would swallow the interruption and the command would run on."""
     try:
-        return importlib.import_module(name)
+        with interrupts_held():
+            return importlib.import_module(name)
     except ImportError as exc:
         if (exc.name or name).split(".")[0] != name.split(".")[0]:
             raise  # the package is there but something it imports is broken: not ours to hide

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Protocol
 
 __all__ = [
-    "CLIENT_CAUGHT", "CheckpointFormatError", "ConfigError", "ConversionError", "CpuModelError", "FailedReportError",
+    "CLIENT_CAUGHT", "CheckpointFormatError", "ConfigError", "ConversionError", "CpuModelError", "CpuModelUnavailableError", "FailedReportError",
     "IntegrityError", "LoadError", "LoadRefusedError", "MissingDependencyError", "NotRegularFileError",
     "NxdiGptossFp8Error", "OutputWriteError", "PreflightError", "RegistrationError", "ReportBindingError",
     "ShardedWeightsError", "refusals_stop_the_start",
@@ -139,9 +139,10 @@ class ConversionError(NxdiGptossFp8Error):
 
 
 class OutputWriteError(ConversionError):
-    """Writing an output failed part way (disk full, quota, I/O error); the partial output was
-    removed and OUT is as it was. ``path`` is the file or folder being written, ``errno_name``
-    the system's name of the error (``ENOSPC``), when known."""
+    """Writing an output failed part way (disk full, quota, I/O error; the partial output was
+    removed and OUT is as it was) or cannot start (OUT on a read-only filesystem: nothing was
+    written). ``path`` is the file or folder being written, ``errno_name`` the system's name of
+    the error (``ENOSPC``, ``EROFS``), when known."""
 
     def __init__(self, message: str, *, path: str, errno_name: str | None = None) -> None:
         super().__init__(message)
@@ -168,9 +169,17 @@ class MissingDependencyError(NxdiGptossFp8Error):
     """An optional package a command needs (torch, numpy, safetensors, NxDI) is not installed."""
 
 
+class CpuModelError(NxdiGptossFp8Error):
+    """NxDI's model cannot run on the CPU here: NxDI is not importable, or its run failed."""
+
+
+
+class CpuModelUnavailableError(CpuModelError, MissingDependencyError):
+    """NxDI's model cannot run on the CPU here because a package it needs (NxDI, NxD,
+    transformers) is missing or importable only in part: the environment, not a failed run."""
+
+
 class RegistrationError(NxdiGptossFp8Error):
     """The installed NxDI does not have what the hook wraps; nothing was patched."""
 
 
-class CpuModelError(NxdiGptossFp8Error):
-    """NxDI's model cannot run on the CPU here: NxDI is not importable, or its run failed."""

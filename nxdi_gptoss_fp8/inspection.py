@@ -12,7 +12,7 @@ from typing import Any
 
 from . import format as fmt
 from . import recognize as rz
-from .targets import TARGETS
+from .padding import TARGETS
 from .units import format_bytes, printable
 from .validate.findings import PreflightReport
 from .validate.pipeline import preflight
@@ -131,10 +131,10 @@ class CheckpointSummary:
         total_file = sum(s.file_size for s in self.shards)
         lines.append(f"shards      {len(self.shards)} files, {_human(total_file)} on disk")
         for shard in self.shards:
-            lines.append(f"  {shard.name:<40} {shard.tensors:>6} tensors {_human(shard.tensor_bytes):>11}")
+            lines.append(f"  {shard.name:<40} {shard.tensors:>6} tensor{'s' if shard.tensors != 1 else ' '} {_human(shard.tensor_bytes):>11}")
         lines.append(f"tensors     {sum(self.tensors_by_dtype.values())}")
         for dtype, size in sorted(self.bytes_by_dtype.items(), key=lambda item: -item[1]):
-            lines.append(f"  {dtype:<8} {self.tensors_by_dtype[dtype]:>6} tensors {_human(size):>11}")
+            lines.append(f"  {dtype:<8} {self.tensors_by_dtype[dtype]:>6} tensor{'s' if self.tensors_by_dtype[dtype] != 1 else ' '} {_human(size):>11}")
         if self.companions:
             lines.append("companions")
             for c in self.companions:

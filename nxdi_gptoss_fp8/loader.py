@@ -45,6 +45,7 @@ from .machine import usable_cpus
 from .safeio.files import FileIdentity
 from .safeio.hashing import hash_buffers
 from .safeio.safetensors_header import HeaderError, SafetensorsHeader, read_header_bytes
+from .units import plural
 from .validate.binding import Binding, config_fingerprint
 from .validate.findings import PreflightReport
 from .validate.integrity import DIGESTS_KEY
@@ -218,7 +219,7 @@ class LoadedCheckpoint:
         how = (f"read into private memory ({self.private_bytes:,} bytes)" if self.policy.private
                else "as copy-on-write views, no tensor byte read or copied")
         lines = [
-            f"mapped {len(self.mapped)} tensors ({self.mapped_bytes:,} bytes) from {self.shards} shards "
+            f"mapped {plural(len(self.mapped), 'tensor')} ({self.mapped_bytes:,} bytes) from {plural(self.shards, 'shard')} "
             f"{how}: {dtypes}",
             f"derived {len(self.derived)} runtime entries ({fmt.format_document_ref()}, Entries that are never stored): "
             + ", ".join(_summarize_keys(self.derived)),
@@ -226,7 +227,7 @@ class LoadedCheckpoint:
             + (f", {len(self.cast)} dtype casts" if self.cast else "") + ")",
         ]
         if self.policy.verify_digests:
-            lines.append(f"verified {self.shards} shards ({self.verified_bytes:,} bytes) against {DIGESTS_KEY} "
+            lines.append(f"verified {plural(self.shards, 'shard')} ({self.verified_bytes:,} bytes) against {DIGESTS_KEY} "
                          f"over the loaded bytes in {self.verify_s:.2f} s")
         return "\n".join(lines)
 
@@ -441,7 +442,7 @@ def check_report(path: str | os.PathLike[str], report: PreflightReport, config: 
     if binding.errors or not report.ok:
         first = report.errors[0] if report.errors else None
         what = f"first: {first.code} in {first.file or root}" if first else "findings removed from the report since"
-        raise FailedReportError(report, f"the report for {root} has {max(binding.errors, len(report.errors))} errors "
+        raise FailedReportError(report, f"the report for {root} has {plural(max(binding.errors, len(report.errors)), 'error')} "
                                         f"({what}): fix them (validate lists every finding), then load again "
                                         "(nothing was mapped)")
     fingerprint = config_fingerprint(config)

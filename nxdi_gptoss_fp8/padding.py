@@ -1,4 +1,5 @@
-"""Where a normalized checkpoint's zero padding lies (H → H', I → I'), tensor by tensor.
+"""The padded geometry: where a normalized checkpoint's zero padding lies (H → H', I → I'), tensor by
+tensor, and the named conversion targets — fixed padded sizes (``convert --target NAME``).
 
 One geometry for everything that writes or reads the padding: the deep scan checks that it is
 zero, the stdlib tiny writer leaves it zero. Standard library only (the deep scan's numpy stays
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from . import format as fmt
 
-__all__ = ["Region", "padding_region"]
+__all__ = ["TARGETS", "ConversionTarget", "Region", "padding_region", "target_problems"]
 
 
 # Tensors whose last dimension is H' (padded at its end); the others are listed in padding_region.
@@ -48,3 +49,43 @@ def padding_region(name: str, shape: tuple[int, ...], layout: fmt.Layout) -> Reg
     if name.endswith(_HIDDEN_LAST) and hp > h:
         return Region(rows, ((h, hp),))
     return None
+
+
+# Named conversion targets: a geometry a checkpoint is converted for, recorded in the index as
+# ``metadata.target`` (docs/format.md, Index metadata) so ``inspect`` and ``validate`` name it.
+@dataclass(frozen=True)
+class ConversionTarget:
+    """A named geometry a checkpoint is converted for (``convert --target NAME``): fixed padded
+    sizes, recorded in the index as ``metadata.target`` so ``inspect`` and ``validate`` name it."""
+
+    name: str
+    padded_hidden_size: int
+    padded_intermediate_size: int
+    purpose: str  # what it is for, one sentence (the dry run, the card, inspect)
+    status: str  # who loads it today, one sentence
+
+
+# docs/format.md, Index metadata (target); docs/vllm-neuron-plugin.md for nki-moe
+TARGETS: dict[str, ConversionTarget] = {
+    "nki-moe": ConversionTarget(
+        "nki-moe", 3072, 3072,
+        "the geometry of the vLLM Neuron plugin's GPT-OSS (Neuron SDK 2.32 and later): hidden and intermediate "
+        "sizes padded to 3072, the expert layout the NKI library's MoE kernels (moe_block_tkg, moe_cte) read",
+        "no released vLLM Neuron plugin loads FP8 GPT-OSS experts yet (docs/vllm-neuron-plugin.md); NxDI loads it "
+        "like any padded checkpoint, with these padded sizes in its NeuronConfig",
+    ),
+}
+
+
+def target_problems(target: str, padded_hidden_size: int, padded_intermediate_size: int) -> list[str]:
+    """Why an index's ``target`` does not hold (empty when it does): an unknown name, or padded
+    sizes other than the target's."""
+    known = TARGETS.get(target)
+    if known is None:
+        return [f"target {target!r} is not one this package knows ({', '.join(TARGETS)})"]
+    found = (padded_hidden_size, padded_intermediate_size)
+    wanted = (known.padded_hidden_size, known.padded_intermediate_size)
+    if found != wanted:
+        return [f"target {target!r} pads hidden and intermediate sizes to {wanted[0]} and {wanted[1]}, but the "
+                f"index records {found[0]} and {found[1]}"]
+    return []

@@ -30,16 +30,19 @@ from typing import Any
 
 from . import format as fmt
 from . import other_formats
+from .padding import TARGETS
 from .safeio.files import file_kind, not_regular_reason
 from .safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from .safeio.safetensors_header import HeaderError, read_header
-from .targets import TARGETS
+from .units import plural
 
 MAX_ENTRIES = 10_000
 MAX_HEADERS = 4
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_NAMES = 1_000_000
 MAX_SHARDS_CHECKED = 10_000
+MAX_INSIDE = 32  # subdirectories of an unknown directory examined for a checkpoint one level down
+MAX_INSIDE_SHOWN = 4
 
 NEURON_CONFIG_FILE = "neuron_config.json"
 COMPILED_MODEL_FILE = "model.pt"
@@ -112,6 +115,8 @@ class Recognition:
     format_version: int | None = None
     names_examined: int = 0
     headers_read: int = 0
+    # checkpoints one level down in a directory that is none itself: (subdirectory, its title)
+    inside: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -123,6 +128,9 @@ class Recognition:
 
     def hint(self) -> str:
         """One line: "this is an HF MXFP4 checkpoint: unset CHECKPOINT_FORMAT …, or convert it …"."""
+        if self.inside:  # "DIR holds gpt-oss-120b-fp8/, a normalized FP8 checkpoint: nxdi-gptoss-fp8 validate …"
+            return "; ".join(f"{self.path} holds {name}/, {title}: {action}"
+                             for (name, title), action in zip(self.inside, self.actions, strict=True))
         what = f"{self.path} is {self.title}"
         return f"{what}: {', or '.join(self.actions)}" if self.actions else what
 
@@ -140,6 +148,7 @@ class Recognition:
             "looked_for": list(self.looked_for),
             "names_examined": self.names_examined,
             "headers_read": self.headers_read,
+            "inside": [{"name": name, "title": title} for name, title in self.inside],
         }
 
     def render_text(self) -> str:
@@ -238,9 +247,11 @@ def _first(names: Iterable[str], pattern: re.Pattern[str]) -> str | None:
 # --------------------------------------------------------------------------- recognition
 
 
-def recognize(path: str | os.PathLike[str]) -> Recognition:
+def recognize(path: str | os.PathLike[str], *, look_inside: bool = True) -> Recognition:
     """Say which checkpoint ``path`` is, what to do with it and why. Never raises for a bad
-    directory: a missing path, a file, a FIFO or an unreadable directory is ``not-a-directory``."""
+    directory: a missing path, a file, a FIFO or an unreadable directory is ``not-a-directory``.
+    A directory that is no checkpoint but holds one a level down (``look_inside``) names it and
+    the command for it (``Recognition.inside``)."""
     root = os.fspath(path)
     rec = Recognition(path=root, kind=UNKNOWN)
     try:
@@ -266,12 +277,34 @@ def recognize(path: str | os.PathLike[str]) -> Recognition:
     config = config if isinstance(config, dict) else None
     _recognize_weights(rec, reader, entries, config)
     _compiled_artifacts(rec, reader, entries)
-    if rec.kind == UNKNOWN:
+    if rec.kind == UNKNOWN and look_inside:
+        _checkpoints_inside(rec, entries)
+    if rec.kind == UNKNOWN and not rec.inside:
         rec.looked_for = list(LOOKED_FOR)
         shown = ", ".join(sorted(name + ("/" if is_dir else "") for name, is_dir in entries.items())[:12])
         rec.evidence.append(f"found: {shown or 'an empty directory'}" + (f" … ({len(entries)} entries)" if len(entries) > 12 else ""))
     rec.checkpoint_format = CHECKPOINT_FORMATS.get(rec.kind)
     return rec
+
+
+def _checkpoints_inside(rec: Recognition, entries: Mapping[str, bool]) -> None:
+    """Checkpoints (or compiled directories) one level down in ``rec.path``, which is none itself:
+    each named with what it is and the command for it (``validate`` for normalized and compiled,
+    ``inspect`` for another kind). At most ``MAX_INSIDE`` subdirectories holding a
+    ``config.json``, an index, a ``neuron_config.json``, a ``model.safetensors`` or rank 0's
+    pre-sharded file are recognized (never deeper)."""
+    markers = (fmt.CONFIG_FILE, fmt.INDEX_FILE, NEURON_CONFIG_FILE, SINGLE_FILE, "tp0_sharded_checkpoint.safetensors")
+    candidates = [name for name in sorted(entries) if entries[name]
+                  and any(os.path.isfile(os.path.join(rec.path, name, marker)) for marker in markers)][:MAX_INSIDE]
+    for name in candidates:
+        sub = recognize(os.path.join(rec.path, name), look_inside=False)
+        if not sub.known or len(rec.inside) >= MAX_INSIDE_SHOWN:
+            continue
+        command = "validate" if sub.kind in (NORMALIZED, COMPILED) else "inspect"
+        rec.inside.append((name, sub.title))
+        rec.actions.append(f"nxdi-gptoss-fp8 {command} {sub.path}")
+        rec.evidence.append(f"{name}/: {sub.title}" + (f" (format version {sub.format_version})"
+                                                       if sub.format_version is not None else ""))
 
 
 def _quant_method(config: Mapping[str, Any] | None) -> tuple[str | None, Mapping[str, Any]]:
@@ -297,7 +330,7 @@ def _weight_names(rec: Recognition, reader: _Reader, entries: Mapping[str, bool]
                 names.append(name)
                 if isinstance(shard, str):
                     owner[name] = shard
-            return names, owner, f"{fmt.INDEX_FILE} ({len(weight_map):,} tensors)"
+            return names, owner, f"{fmt.INDEX_FILE} ({plural(len(weight_map), 'tensor')})"
     files = sorted(name for name, is_dir in entries.items() if not is_dir and name.endswith(".safetensors"))
     if SINGLE_FILE in files:
         files.remove(SINGLE_FILE)
@@ -384,7 +417,7 @@ def _recognize_weights(rec: Recognition, reader: _Reader, entries: Mapping[str, 
         rec.actions = [f"`nxdi-gptoss-fp8 validate {root}` lists what it lacks to be a normalized FP8 checkpoint"]
         _note_listed_shards(rec, reader, index if isinstance(index, dict) else None)
     else:
-        rec.evidence.append(f"{source}: {len(names):,} tensors, none with a GPT-OSS expert name (e.g. "
+        rec.evidence.append(f"{source}: {plural(len(names), 'tensor')}, none with a GPT-OSS expert name (e.g. "
                             f"{', '.join(names[:3]) or 'none'})")
     if rec.kind in (HF_MXFP4, HF_BF16, COMPRESSED_TENSORS_FP8) and entries.get("original"):
         rec.notes.append("original/ holds OpenAI's other set: it is never read (neither by NxDI's HF path nor by convert)")
@@ -509,7 +542,7 @@ def _compiled_artifacts(rec: Recognition, reader: _Reader, entries: Mapping[str,
         if settings:
             rec.evidence.append(f"{NEURON_CONFIG_FILE}: " + ", ".join(f"{key}={value!r}" for key, value in settings.items()))
         if sharded:
-            rec.evidence.append(f"{PRESHARDED_DIR}/: pre-sharded weights for {len(sharded)} ranks")
+            rec.evidence.append(f"{PRESHARDED_DIR}/: pre-sharded weights for {plural(len(sharded), 'rank')}")
         rec.actions = [f"check it with `nxdi-gptoss-fp8 validate {root}` (its pre-sharded weights against their manifest), "
                        f"then pass it to NxDI as the compiled model path (model.load({root!r})); it is not a checkpoint to convert"]
         if settings.get("checkpoint_format") == "normalized_fp8" and not sharded:

@@ -67,13 +67,16 @@ def parse_size(text: str | int) -> int:
 
 def _escape(char: str) -> str:
     code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8, as Python decodes a path (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def printable(text: str) -> str:
     """``text`` with every character a terminal acts on or hides escaped (``\\x1b``, ``\\r``,
     ``\\u202e``...): names come from the checkpoint, and a shard or tensor name holding a carriage
-    return, an ANSI escape or a line break must not forge, recolour or hide a line of the verdict."""
+    return, an ANSI escape or a line break must not forge, recolour or hide a line of the verdict.
+    A byte of a path that is not UTF-8 (decoded by Python as a lone surrogate) shows as ``\\xNN``."""
     if text.isprintable():
         return text
     return "".join(char if char.isprintable() else _escape(char) for char in text)

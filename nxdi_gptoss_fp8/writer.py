@@ -36,6 +36,7 @@ from .output_target.work_dirs import make_private_dir, refuse_concurrent_writer,
 from .progress import Progress
 from .safeio.files import open_regular
 from .safeio.hashing import hash_files
+from .units import plural
 
 __all__ = [
     "DEFAULT_MAX_SHARD_SIZE", "INDEX_SLACK", "CheckpointWriter", "PlannedTensor", "as_bytes", "build_header", "logger",
@@ -321,7 +322,7 @@ class CheckpointWriter:
         (None: a bar on a terminal, a plain line every few seconds elsewhere)."""
         incomplete = [n for n, count in self._written.items() if count != self._plan[n].spec.nbytes]
         if incomplete:
-            raise ConversionError(f"{len(incomplete)} tensors were not written completely (first: {incomplete[0]})")
+            raise ConversionError(f"{plural(len(incomplete), 'tensor')} not written completely (first: {incomplete[0]})")
         assert self.tmp is not None, "commit() outside the with-block"
         for fd in self._fds.values():
             os.fsync(fd)

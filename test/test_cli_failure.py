@@ -164,3 +164,65 @@ def test_usage_errors_name_the_command_whatever_the_prog(prog: str, argv: list[s
         main([*argv, "--json"] if "--json" not in argv else argv, prog=prog)
     document = json.loads(capsys.readouterr().out)
     assert exit_.value.code == 2 and document["command"] == command and document["error"]["kind"] == "usage"
+
+
+USAGE_ERRORS = [
+    (["convert", "SRC", "OUT", "--workers", "four"], "convert", "--workers"),
+    (["convert", "SRC", "OUT", "--workers", "2.5"], "convert", "--workers"),
+    (["verify-conversion", "OUT", "--source", "SRC", "--workers", "four"], "verify-conversion", "--workers"),
+    (["validate", "DIR", "--no-such-option"], "validate", "--no-such-option"),
+    (["inspect", "DIR", "--no-such-option"], "inspect", "--no-such-option"),
+    (["selfcheck", "--tp", "two"], "selfcheck", "--tp"),
+    (["convert", "SRC"], "convert", "required"),
+    (["validate"], "validate", "required"),
+    (["no-such-command"], None, "no-such-command"),
+    ([], None, "required"),
+]
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize(("argv", "command", "named"), USAGE_ERRORS)
+def test_a_usage_error_argparse_finds_is_one_line(argv: list[str], command: str | None, named: str, as_json: bool,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Argparse's usage errors (a bad value, an unknown option, a missing argument or command):
+    one line on stderr naming the command's --help, no usage block, with or without --json; with
+    --json also the one error document, whose message is that line."""
+    code, out, err = _run([*argv, "--json"] if as_json else argv, capsys)
+    lines = err.splitlines()
+    prefix = f"nxdi-gptoss-fp8 {command}: " if command else "nxdi-gptoss-fp8: "
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(prefix) and "usage:" not in err, err
+    assert named in lines[0] and lines[0].endswith(f"(run 'nxdi-gptoss-fp8 {command + ' ' if command else ''}--help')")
+    if as_json:
+        document = json.loads(out)
+        assert document["error"]["kind"] == "usage" and document["command"] == command
+        assert prefix + document["error"]["message"] == lines[0]
+    else:
+        assert out == ""
+
+
+# a name in a path, and how every message shows it
+HOSTILE_NAMES = {"two\nlines": "two\\x0alines", "carriage\rreturn": "carriage\\x0dreturn",
+                 "esc\x1b[31mred": "esc\\x1b[31mred", "byte\udcffname": "byte\\xffname", "tab\tname": "tab\\x09name"}
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize("argv", [
+    lambda p: ["validate", p], lambda p: ["inspect", p], lambda p: ["convert", p, p + "-out"],
+    lambda p: ["verify-conversion", p, "--source", p], lambda p: ["validate", p, p],
+], ids=["validate", "inspect", "convert", "verify-conversion", "usage"])
+@pytest.mark.parametrize("name, shown", HOSTILE_NAMES.items(), ids=["newline", "cr", "escape", "non-utf8", "tab"])
+def test_a_path_that_would_break_the_line_is_escaped_alike_on_stderr_and_in_json(
+        name: str, shown: str, argv: Callable[[str], list[str]], as_json: bool, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A line break, a control character or a byte that is not UTF-8 in a path: the one stderr
+    line and the JSON ``message`` show it escaped the same way (``\\x0a``, ``\\xff``), so the
+    line stays one line and the document holds only what any JSON reader can decode."""
+    args = argv(str(tmp_path / name))
+    code, out, err = _run([args[0], "--json", *args[1:]] if as_json else args, capsys)
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].isprintable(), err
+    assert shown in lines[0]
+    if as_json:
+        message = json.loads(out)["error"]["message"]
+        assert lines[0] == f"nxdi-gptoss-fp8 {args[0]}: {message}"
+        out.encode("utf-8")  # no lone surrogate in the document

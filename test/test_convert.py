@@ -22,6 +22,7 @@ from nxdi_gptoss_fp8.convert import convert, mxfp4, non_expert_names, open_sourc
 from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
 from nxdi_gptoss_fp8.convert.source import FINGERPRINT_FIELDS, provenance_fingerprint
 from nxdi_gptoss_fp8.errors import ConversionError
+from nxdi_gptoss_fp8.padding import TARGETS
 from nxdi_gptoss_fp8.synthetic.sources import (
     SOURCE_BF16,
     SOURCE_COMPRESSED_TENSORS,
@@ -35,7 +36,6 @@ from nxdi_gptoss_fp8.synthetic.sources import (
     write_source,
 )
 from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
-from nxdi_gptoss_fp8.targets import TARGETS
 from nxdi_gptoss_fp8.validate.pipeline import preflight
 
 REPO = Path(__file__).resolve().parent.parent
@@ -236,8 +236,9 @@ def test_hf_cache_paths_give_repo_and_revision(tmp_path: Path) -> None:
 
 
 def test_the_index_records_no_local_path_and_no_repo_from_name_or_path(mxfp4_source: Path, tmp_path: Path) -> None:
-    """The index travels with an upload: it names what identifies the source (its fingerprint,
-    the Hub repo when known), never where the source sat; ``_name_or_path`` is inert."""
+    """The output travels with an upload: the index names what identifies the source (its
+    fingerprint, the Hub repo when known), and no file names where the source sat — config.json's
+    ``_name_or_path`` (the source's path) is dropped, as transformers replaces it on load anyway."""
     config_path = mxfp4_source / fmt.CONFIG_FILE
     config = json.loads(config_path.read_text())
     config["_name_or_path"] = str(mxfp4_source)
@@ -247,6 +248,10 @@ def test_the_index_records_no_local_path_and_no_repo_from_name_or_path(mxfp4_sou
     source = json.loads(raw)["metadata"]["source"]
     assert str(mxfp4_source) not in raw and str(tmp_path) not in raw
     assert "path" not in source and "repo" not in source
+    for written in sorted((tmp_path / "out").rglob("*")):  # no file of the output names where the source sat
+        if written.is_file():
+            assert str(mxfp4_source).encode() not in written.read_bytes(), written.name
+    assert "_name_or_path" not in json.loads((tmp_path / "out" / fmt.CONFIG_FILE).read_text())
     moved = tmp_path / "elsewhere"
     shutil.copytree(mxfp4_source, moved)
     assert open_source(moved).fingerprint() == source["fingerprint"]  # the same files anywhere
@@ -359,7 +364,7 @@ WRONG_SOURCES = {
     "legacy_names": (_legacy, "original layout"),
     "index_into_original": (_index_into_original, "original/ set is never mixed"),
     "truncated_shard": (_truncate, "not a valid safetensors file"),
-    "missing_tensor": (lambda src: _rewrite_shard(src, _drop_tensor), "lacks 1 tensors"),
+    "missing_tensor": (lambda src: _rewrite_shard(src, _drop_tensor), "lacks 1 tensor the config"),
     "extra_tensor": (lambda src: _rewrite_shard(src, _add_tensor), "does not"),
     "pickle_only": (_pickle_only, "found: config.json, original/, pytorch_model.bin"),
     "nan_scale": (lambda src: _rewrite_shard(src, _nan_scale), "scale byte 255"),

@@ -6,15 +6,17 @@ way by a dry run and a real run, and a disk that fills during the run is one lin
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib
+import io
 import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import pytest
@@ -151,20 +153,55 @@ def test_a_dry_run_refuses_what_the_real_run_refuses(case: str, kind: str, sourc
         assert out == tmp_path / "ro" or not out.exists()
 
 
-def _as_nobody() -> list[str]:
-    """The command prefix that runs a command without root's rights (root: ``setpriv`` to the
-    user nobody; anyone else: nothing), or a skip."""
-    if not IS_ROOT:
-        return []
-    if shutil.which("setpriv") is None:
-        pytest.skip("needs setpriv to drop root's rights")
-    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+NOBODY = 65534
 
 
-def test_a_dry_run_refuses_a_directory_without_write_permission(sources: dict[str, Path]) -> None:
-    """A subprocess per run (dropping root's rights): one source kind, as the refusal comes from
-    the output's check alone (the read-only cases above run every kind)."""
-    prefix, kind = _as_nobody(), SOURCE_MXFP4
+def _run_without_root(argv: list[str], home: Path) -> tuple[int, str, str]:
+    """``main(argv)`` in a forked child without root's rights (root: the user nobody; anyone
+    else: as they are), as (exit code, stdout, stderr). The child runs the modules this process
+    has already imported, so it needs no read access to the package, its interpreter or its
+    site-packages: a clone in a private home (0700, as root's is) works as well as any."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
+        try:
+            os.close(out_r)
+            os.close(err_r)
+            if IS_ROOT:
+                os.setgroups([])
+                os.setresgid(NOBODY, NOBODY, NOBODY)
+                os.setresuid(NOBODY, NOBODY, NOBODY)
+            os.environ["HOME"] = str(home)
+            sys.stdout = io.TextIOWrapper(io.FileIO(out_w, "w"), encoding="utf-8", write_through=True)
+            sys.stderr = io.TextIOWrapper(io.FileIO(err_w, "w"), encoding="utf-8", write_through=True)
+            code = main(argv)
+        except SystemExit as exit_:
+            code = int(exit_.code or 0)
+        except BaseException:  # a bug shows as its traceback on the child's stderr
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    with os.fdopen(err_r, "rb") as err_file, concurrent.futures.ThreadPoolExecutor(1) as reader:
+        err = reader.submit(err_file.read)
+        with os.fdopen(out_r, "rb") as out_file:
+            out = out_file.read()
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status), out.decode(), err.result().decode()
+
+
+def test_a_dry_run_refuses_a_directory_without_write_permission(sources: dict[str, Path], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A run without write permission on OUT's parent (root's rights dropped): the dry run, its
+    JSON and a real run refuse it in the same one line, and nothing is written. One source kind,
+    as the refusal comes from the output's check alone (the read-only cases above run every kind)."""
+    kind = SOURCE_MXFP4
     base = Path(tempfile.mkdtemp(prefix="nxdi-gptoss-fp8-locked-"))  # outside pytest's 0700 tree
     try:
         base.chmod(0o755)
@@ -174,14 +211,16 @@ def test_a_dry_run_refuses_a_directory_without_write_permission(sources: dict[st
         locked = base / "locked"
         locked.mkdir(mode=0o555)
         locked.chmod(0o555)
+        runs = (["--dry-run"], ["--dry-run", "--json"], [])
+        for extra in runs:  # the same commands where they may write: every module they use is imported
+            assert main(["convert", str(src), str(tmp_path / "warm" / "out"), "--overwrite", *extra]) == 0
+        capsys.readouterr()
         lines = []
-        for extra in (["--dry-run"], ["--dry-run", "--json"], []):
-            run = subprocess.run([*prefix, sys.executable, "-m", "nxdi_gptoss_fp8", "convert", str(src),
-                                  str(locked / "out"), *extra], capture_output=True, text=True, timeout=300,
-                                 env={**os.environ, "HOME": str(base)})
-            assert run.returncode == 2 and "not writable by this user" in run.stderr, run.stderr
-            assert "OK: the conversion fits" not in run.stdout
-            lines.append(run.stderr.strip())
+        for extra in runs:
+            code, out, err = _run_without_root(["convert", str(src), str(locked / "out"), *extra], base)
+            assert code == 2 and "not writable by this user" in err, err
+            assert "OK: the conversion fits" not in out
+            lines.append(err.strip())
         assert len(set(lines)) == 1 and len(lines[0].splitlines()) == 1 and not os.listdir(locked)
     finally:
         shutil.rmtree(base)
@@ -210,7 +249,7 @@ def test_a_disk_that_fills_during_the_run_is_one_line_and_leaves_out_as_it_was(
         assert main([*args, "--json"]) == 2
         document = json.loads(capsys.readouterr().out)
         error = document["error"]
-        assert error["type"] == "OutputWriteError" and error["errno"] == "ENOSPC" and error["kind"] == "usage"
+        assert error["type"] == "OutputWriteError" and error["errno"] == "ENOSPC" and error["kind"] == "io"
         assert error["path"].startswith(str(small)) and document["exit_code"] == 2
         if existing:
             assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -381,6 +381,9 @@ def test_a_read_only_out_is_refused_naming_it_before_the_first_byte(sources: dic
         code = main(["convert", str(sources[SOURCE_MXFP4]), str(out)])
         err = capsys.readouterr().err
         assert code == 2 and str(out) in err and "read-only file system" in err.lower() and "Traceback" not in err
+        assert main(["convert", str(sources[SOURCE_MXFP4]), str(out), "--json"]) == 2
+        error = json.loads(capsys.readouterr().out)["error"]  # the filesystem refused the write: io, as a full disk
+        assert error["kind"] == "io" and error["errno"] == "EROFS" and error["type"] == "OutputWriteError"
 
 
 @pytest.mark.parametrize("target", ["real-out", "/nonexistent/x"])
@@ -576,6 +579,65 @@ def test_swapped_verify_arguments_get_a_hint(sources: dict[str, Path], tmp_path:
     err = capsys.readouterr().err
     assert code == 2 and "arguments look swapped" in err
     assert f"verify-conversion {out} --source {sources[SOURCE_MXFP4]}" in err and len(err.strip().splitlines()) == 1
+
+
+def _compiled_dir(root: Path) -> Path:
+    """A compiled NxDI model directory as NxDI writes it (``neuron_config.json``, ``model.pt``, ``weights/``)."""
+    (root / "weights").mkdir(parents=True)
+    (root / "neuron_config.json").write_text(json.dumps({"neuron_config": {"tp_degree": 2, "save_sharded_checkpoint": True}}))
+    (root / "model.pt").write_bytes(b"not a real archive")
+    return root
+
+
+@pytest.mark.parametrize("where", ["compiled", "compiled/weights"])
+def test_convert_names_a_compiled_directory_and_points_at_validate(where: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``convert COMPILED OUT`` (or its ``weights/``): what it is and ``validate COMPILED``, not
+    only "no config.json"; nothing written."""
+    compiled = _compiled_dir(tmp_path / "compiled")
+    assert main(["convert", str(tmp_path / where), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "a compiled NxDI model directory" in err and "no config.json" not in err
+    assert f"`nxdi-gptoss-fp8 validate {compiled}`" in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("source", ["converted", "hf"])
+def test_verify_a_compiled_directory_is_named_never_called_swapped(source: str, sources: dict[str, Path], tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``verify-conversion COMPILED --source X``: COMPILED named as a compiled NxDI directory with
+    ``validate COMPILED``, never "swapped" with a command that would fail."""
+    compiled = _compiled_dir(tmp_path / "compiled")
+    given = sources[SOURCE_MXFP4] if source == "hf" else convert(sources[SOURCE_MXFP4], tmp_path / "out", progress=False).out
+    assert main(["verify-conversion", str(compiled), "--source", str(given)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "swapped" not in err and "a compiled NxDI model directory" in err
+    assert f"`nxdi-gptoss-fp8 validate {compiled}`" in err
+
+
+@pytest.mark.parametrize("out_kind", ["empty", "bf16-converted-by-hand"])
+def test_a_converted_source_beside_an_out_that_is_no_source_is_not_called_swapped(
+        out_kind: str, sources: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--source a converted checkpoint and OUT something the converter does not read: the hint says
+    --source takes the checkpoint it was converted from, and never prints a command that fails."""
+    converted = tmp_path / "out"
+    convert(sources[SOURCE_MXFP4], converted, progress=False)
+    other = tmp_path / "other"
+    other.mkdir()
+    if out_kind != "empty":
+        (other / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert main(["verify-conversion", str(other), "--source", str(converted)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "swapped" not in err
+    assert f"verify-conversion {converted} --source SOURCE" in err and "--source takes the checkpoint" in err
+
+
+def test_the_swapped_hints_command_runs(sources: dict[str, Path], tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    convert(sources[SOURCE_MXFP4], out, progress=False)
+    assert main(["verify-conversion", str(sources[SOURCE_MXFP4]), "--source", str(out)]) == 2
+    command = capsys.readouterr().err.split("run: nxdi-gptoss-fp8 ", 1)[1].split()
+    assert main(command) == 0
 
 
 def test_a_mismatched_verify_source_names_the_recorded_one(sources: dict[str, Path], tmp_path: Path,

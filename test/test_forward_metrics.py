@@ -156,9 +156,37 @@ def test_selfcheck_without_nxdi_says_so_in_one_line(extra: list[str]) -> None:
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("nxdi-gptoss-fp8 selfcheck: needs NxDI:")
     if "--json" in extra:  # the error as the one JSON error document, as for every command
         error = json.loads(done.stdout)["error"]
-        assert error["kind"] == "usage" and error["message"].startswith("needs NxDI:")
+        assert error["kind"] == "missing_dependency" and error["message"].startswith("needs NxDI:")
     else:
         assert done.stdout == ""
+
+
+@needs_no_nxdi
+@pytest.mark.parametrize("setting", ["src-folders", "empty-folders", "only-nxdi", "files"])
+def test_selfcheck_names_unusable_source_root_variables(setting: str, tmp_path: Path) -> None:
+    """``NXDI_SRC``/``NXD_SRC`` set to something that is no repository root (its ``src/`` folder,
+    an empty folder, a file, one of the two unset): the one line names each variable, what it
+    holds and what it must be, never only "run this where NxDI is installed"."""
+    for repo in ("nxdi", "nxd"):
+        (tmp_path / repo / "src").mkdir(parents=True)
+    (tmp_path / "file").write_text("")
+    values = {"src-folders": (tmp_path / "nxdi" / "src", tmp_path / "nxd" / "src"),
+              "empty-folders": (tmp_path / "nxdi", tmp_path / "nxd"),
+              "only-nxdi": (tmp_path / "nxdi" / "src", None),
+              "files": (tmp_path / "file", tmp_path / "file")}[setting]
+    env = {key: value for key, value in os.environ.items() if key not in ("NXDI_SRC", "NXD_SRC")}
+    env.update({var: str(value) for var, value in zip(("NXDI_SRC", "NXD_SRC"), values, strict=True) if value is not None})
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-m", "nxdi_gptoss_fp8.cli", "selfcheck", "--json"], capture_output=True,
+                          text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["kind"] == "missing_dependency"
+    nxdi, nxd = values
+    assert f"NXDI_SRC={nxdi} has no src/neuronx_distributed_inference" in error["message"]
+    assert (f"NXD_SRC={nxd} has no src/neuronx_distributed" if nxd else "NXD_SRC is not set") in error["message"]
+    assert "the root of a neuronx-distributed-inference checkout" in error["message"]
+    assert "not src/ itself" in error["message"] and "where neuronx-distributed-inference is installed" not in error["message"]
 
 
 @needs_no_nxdi

@@ -55,5 +55,6 @@ def test_selfcheck_with_nxdi_importable_only_in_part_is_one_line(tmp_path: Path,
     if json_flag:
         result = json.loads(done.stdout)
         assert result["ok"] is False and result["exit_code"] == 2 and "only in part" in result["error"]["message"]
+        assert result["error"]["kind"] == "missing_dependency"
     else:
         assert done.stdout == ""

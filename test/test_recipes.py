@@ -26,6 +26,16 @@ def test_the_serving_page_vllm_block_is_the_vllm_recipe() -> None:
     assert block.strip() == expected
 
 
+def test_the_vllm_recipe_says_where_harmonys_vocabulary_comes_from() -> None:
+    from nxdi_gptoss_fp8.nxdi import serving_host
+
+    (line,) = [line for line in recipes.vllm_command("/m", "/c", "/t", 64, 64).splitlines() if "TIKTOKEN" in line]
+    assert recipes.HARMONY_VOCABULARY_URL.endswith("/" + serving_host.HARMONY_VOCABULARY)
+    assert recipes.HARMONY_VOCABULARY_URL.startswith("https://") and recipes.HARMONY_VOCABULARY_URL in line
+    assert serving_host.O200K_BASE_SHA256 in line
+    assert clients.shell_commands(line)[0][:2] == ["export", "TIKTOKEN_ENCODINGS_BASE=/t"]  # the rest is a comment
+
+
 def test_the_vllm_recipe_spells_every_fp8_key_under_vllms_key() -> None:
     words = clients.shell_commands(recipes.vllm_command("/m", "/c", "/t", 2944, 3072))[-1]
     additional = json.loads(words[words.index(recipes.VLLM_ADDITIONAL_CONFIG_FLAG) + 1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 from collections.abc import Callable, Iterator
@@ -359,3 +360,43 @@ def test_compressed_tensors_ambiguous_split_names_the_option(tmp_path: Path, ver
     assert "nxdi-gptoss-fp8 convert" in action
     if not needs_split:
         assert any("gate/up split interleaved" in item for item in found.evidence), found.evidence
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_a_folder_holding_a_checkpoint_one_level_down_names_it_and_its_command(
+        kind: str, tmp_path: Path, tiny_template: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """DIR that is no checkpoint but holds one (any kind) a level down: ``recognize``, hence
+    ``inspect`` and ``validate``, say "DIR holds NAME/, WHAT: the command for DIR/NAME" instead of
+    "copy a config.json into DIR"."""
+    from nxdi_gptoss_fp8.cli import main
+
+    built = CASES[kind][0](tmp_path / "built", tiny_template)
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    (holder / "notes").mkdir()  # a folder that is no checkpoint beside it changes nothing
+    inner = Path(shutil.copytree(built, holder / "gpt-oss-model"))
+    found = rz.recognize(holder)
+    title = rz.recognize(inner).title
+    command = "validate" if kind in (rz.NORMALIZED, rz.COMPILED) else "inspect"
+    expected = f"{holder} holds gpt-oss-model/, {title}: nxdi-gptoss-fp8 {command} {inner}"
+    assert found.kind == rz.UNKNOWN and not found.known and found.hint() == expected
+    assert found.inside == [("gpt-oss-model", title)] and not found.looked_for
+    assert main(["validate", str(holder)]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == expected
+    assert f"config.json is missing: {expected}" in out and "copy the model's Hugging Face config" not in out
+    assert main(["validate", str(holder), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["hint"] == expected
+
+
+def test_only_one_level_down_is_looked_at_and_every_checkpoint_there_is_named(tmp_path: Path,
+                                                                               tiny_template: Path) -> None:
+    deeper = tmp_path / "deeper"
+    shutil.copytree(tiny_template, deeper / "a" / "b")
+    assert rz.recognize(deeper).inside == [] and rz.recognize(deeper).looked_for  # two levels down: not looked for
+    two = tmp_path / "two"
+    shutil.copytree(tiny_template, two / "first")
+    shutil.copytree(tiny_template, two / "second")
+    found = rz.recognize(two)
+    assert [name for name, _ in found.inside] == ["first", "second"] and found.hint().count("holds") == 2
+    assert rz.recognize(tiny_template).inside == []  # a checkpoint itself never looks inside

@@ -249,6 +249,16 @@ def test_a_model_that_is_not_normalized_is_named_as_inspect_names_it(host: dict[
     assert not report.ok and any(f.code == "not_normalized" and hint in f.message for f in report.findings)
 
 
+@pytest.mark.parametrize("fault", [fault for fault, (_, code, _) in FAULTS.items() if code.startswith("harmony_vocabulary")])
+def test_every_vocabulary_finding_says_where_the_file_comes_from_and_its_digest(host: dict[str, Any], fault: str) -> None:
+    """Unset, absent or another file: the fix names the public URL Harmony (tiktoken) downloads
+    ``o200k_base.tiktoken`` from, beside the SHA-256 Harmony expects, so an air-gapped host knows
+    what to fetch elsewhere and how to check it."""
+    FAULTS[fault][0](host)
+    (finding,) = lint_serving_host(host["command"], host["environ"]).findings
+    assert recipes.HARMONY_VOCABULARY_URL in finding.message and serving_host.O200K_BASE_SHA256 in finding.message
+
+
 def test_the_command_pasted_as_one_string_is_split(host: dict[str, Any]) -> None:
     assert lint_serving_host([shlex.join(host["command"])], host["environ"]).findings == []
 

@@ -3,8 +3,12 @@ size is read back."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
+from nxdi_gptoss_fp8 import units
 from nxdi_gptoss_fp8.units import format_bytes, format_duration, parse_size, plural, printable
 
 
@@ -53,3 +57,30 @@ def test_parse_size_bounds(text: str | int, message: str) -> None:
 ])
 def test_printable_escapes_what_a_terminal_acts_on(text: str, shown: str) -> None:
     assert printable(text) == shown and printable(text).isprintable()
+COUNTED = ("error", "warning", "tensor", "shard", "layer", "rank")
+# a count written straight before its noun in an f-string: "{n} errors" reads "1 errors" for one
+_BARE_COUNT = re.compile(r"\{(?P<expr>[^{}/]+)\} (?P<noun>" + "|".join(COUNTED) + r")s\b")
+
+
+def test_every_count_of_these_nouns_goes_through_plural() -> None:
+    """The one place counts are rendered is ``plural``: no message in the package writes
+    "{n} errors" itself (which reads "1 errors"). A count after a slash ("3/36 layers", the
+    progress descriptions), a bound that is never 1 and a joined list of codes are not counts."""
+    root = Path(units.__file__).resolve().parent
+    bare = []
+    for path in sorted(root.rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in _BARE_COUNT.finditer(line):
+                expr = match.group("expr")
+                if not expr.startswith(("MAX_", "tensors:,")) and "join(" not in expr and f"/{{{expr}}}" not in line:
+                    bare.append(f"{path.relative_to(root)}:{number}: {match.group(0)}")
+    assert bare == []
+
+
+@pytest.mark.parametrize("errors, warnings, text", [(1, 0, "FAILED: 1 error, 0 warnings"), (2, 1, "FAILED: 2 errors, 1 warning"),
+                                                    (0, 1, "OK: 0 errors, 1 warning")])
+def test_the_serving_host_verdict_counts_in_words(errors: int, warnings: int, text: str) -> None:
+    from nxdi_gptoss_fp8.nxdi.serving_host import HostFinding, HostReport
+
+    findings = [HostFinding("x", "error", "S", "m")] * errors + [HostFinding("y", "warning", "S", "m")] * warnings
+    assert HostReport([], None, findings).render_text().splitlines()[-1].startswith(text)

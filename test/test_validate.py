@@ -662,3 +662,55 @@ def test_a_nested_weight_set_is_a_warning_with_its_own_fix(tiny_checkpoint: Path
     (finding,) = [f for f in report.findings if f.code == "filesystem.nested_weight_files"]
     assert report.ok and finding.severity == Severity.WARNING and finding.file == folder
     assert fix in finding.message and (folder == "original") == ("NEURON_COMPILED_ARTIFACTS" not in finding.message)
+
+
+@pytest.mark.parametrize("inside", [
+    "neuron-compiled-artifacts/0123abcd/weights/tp0_sharded_checkpoint.safetensors",  # what vLLM writes: depth 3
+    "neuron-compiled-artifacts/0123abcd/tp0_sharded_checkpoint.safetensors",
+    "neuron-compiled-artifacts/model.safetensors",
+    "neuron-compiled-artifacts/a/b/c/d/weights/tp0_sharded_checkpoint.safetensors",
+    "cache/neuron-compiled-artifacts/0123abcd/weights/tp0_sharded_checkpoint.safetensors",  # the folder deeper down
+    "neuron-compiled-artifacts/0123abcd/",  # a compile that has written no weights yet
+])
+def test_vllms_compile_folder_is_warned_at_any_depth(tiny_checkpoint: Path, inside: str) -> None:
+    """vLLM's ``neuron-compiled-artifacts/`` inside the checkpoint, wherever it sits and however
+    deep its weight files: one warning under that folder, with the NEURON_COMPILED_ARTIFACTS fix."""
+    path = tiny_checkpoint / inside
+    if inside.endswith("/"):
+        path.mkdir(parents=True)
+    else:
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"\x00" * 16)
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    (finding,) = [f for f in report.findings if f.code == "filesystem.nested_weight_files"]
+    folder = inside[:inside.index("neuron-compiled-artifacts") + len("neuron-compiled-artifacts")]
+    assert report.ok and finding.severity == Severity.WARNING and finding.file == folder
+    assert "export NEURON_COMPILED_ARTIFACTS=DIR" in finding.message
+
+
+def test_the_nested_search_is_bounded_and_follows_no_link(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link loop is never followed, a tree deeper than NESTED_SEARCH_DEPTH is not descended
+    further, and no more than NESTED_SEARCH_ENTRIES entries are listed."""
+    from nxdi_gptoss_fp8.validate import directory
+
+    (tiny_checkpoint / "loop").mkdir()
+    (tiny_checkpoint / "loop" / "back").symlink_to(tiny_checkpoint, target_is_directory=True)
+    deep = tiny_checkpoint.joinpath(*["d"] * (directory.NESTED_SEARCH_DEPTH + 2))
+    deep.mkdir(parents=True)
+    (deep / "model.safetensors").write_bytes(b"\x00" * 16)
+    listed: list[str] = []
+    real_scandir = os.scandir
+
+    def counting(path: str) -> Any:
+        listed.append(os.path.relpath(path, tiny_checkpoint))
+        return real_scandir(path)
+
+    monkeypatch.setattr(directory.os, "scandir", counting)
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    assert not [f for f in report.findings if f.code == "filesystem.nested_weight_files"]  # too deep: not reached
+    assert not any("back" in p.split(os.sep) for p in listed)  # the link is not entered
+    assert max(len(p.split(os.sep)) for p in listed if p.startswith("d")) == directory.NESTED_SEARCH_DEPTH
+    monkeypatch.setattr(directory, "NESTED_SEARCH_ENTRIES", 3)
+    listed.clear()
+    preflight(tiny_checkpoint, allow_custom_model=True)
+    assert len([p for p in listed if p.startswith("d")]) <= 1  # the budget ends the walk

@@ -285,6 +285,83 @@ def test_ctrl_c_while_a_worker_starts_prints_only_the_sentence(sources: dict[str
     assert _gone(run.pid), "worker processes outlived the run"
 
 
+# In the main process: after a worker process is spawned and before it is sent its start data
+# (the window a signal used to cut in half), mark the moment and, with PARENT_SECONDS, stay there.
+PARENT_IN_START = """
+import os, time
+from multiprocessing import util
+_spawn = util.spawnv_passfds
+def spawnv_passfds(path, args, passfds):
+    pid = _spawn(path, args, passfds)
+    if "--multiprocessing-fork" in args:
+        open(os.path.join(os.environ["STARTING_DIR"], str(pid)), "w").close()
+        time.sleep(float(os.environ.get("PARENT_SECONDS", "0")))
+    return pid
+util.spawnv_passfds = spawnv_passfds
+"""
+
+
+def _run_marking_starts(sources: dict[str, Path], tmp_path: Path, parent_seconds: float) -> subprocess.Popen[str]:
+    for name in ("run", "site", "starting"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(PARENT_IN_START)
+    env = {**os.environ, "STARTING_DIR": str(tmp_path / "starting"), "PARENT_SECONDS": str(parent_seconds),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "nxdi_gptoss_fp8", "convert", str(sources[SOURCE_MXFP4]),
+                             str(tmp_path / "run" / "out"), "--workers", "4"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _assert_only_the_sentence(run: subprocess.Popen[str], tmp_path: Path, signum: int) -> None:
+    _, err = run.communicate(timeout=90)
+    lines = [line for line in err.splitlines() if not PROGRESS_LINE.match(line)]
+    name = signal.Signals(signum).name + (" (Ctrl-C)" if signum == signal.SIGINT else "")
+    assert run.returncode == 128 + signum and "Traceback" not in err, err
+    assert lines == [f"nxdi-gptoss-fp8 convert: interrupted by {name}: the partial output was removed and "
+                     f"OUT is as it was before the run (exit {128 + signum})"], err
+    assert list((tmp_path / "run").iterdir()) == []
+    assert _gone(run.pid), "worker processes outlived the run"
+
+
+def _wait_for_a_start(run: subprocess.Popen[str], tmp_path: Path) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not list((tmp_path / "starting").iterdir()) and run.poll() is None:
+        time.sleep(0.01)
+    assert list((tmp_path / "starting").iterdir()), "no worker process started"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_while_the_main_process_starts_a_worker_prints_only_the_sentence(
+        sources: dict[str, Path], tmp_path: Path, signum: int) -> None:
+    """SIGTERM or SIGHUP to the main process (kill, timeout, docker stop), or Ctrl-C to the whole
+    group, while the main process is between spawning a worker and sending it its start data:
+    the start completes first, so no worker dies reading it (``EOFError`` in multiprocessing's
+    spawn), every worker is ended, and only the command's sentence is printed."""
+    run = _run_marking_starts(sources, tmp_path, parent_seconds=2)
+    _wait_for_a_start(run, tmp_path)
+    if signum == signal.SIGINT:
+        os.killpg(run.pid, signum)
+    else:
+        os.kill(run.pid, signum)
+    _assert_only_the_sentence(run, tmp_path, signum)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("delay, signum", [(0.0, signal.SIGTERM), (0.05, signal.SIGHUP), (0.15, signal.SIGTERM),
+                                           (0.3, signal.SIGHUP), (0.6, signal.SIGTERM), (1.0, signal.SIGTERM)])
+def test_a_signal_in_the_first_second_of_the_workers_prints_only_the_sentence(
+        sources: dict[str, Path], tmp_path: Path, delay: float, signum: int) -> None:
+    """``kill`` at several moments after the first worker process is spawned (imports,
+    start data, the first layer): each time one sentence, the interruption's exit code, nothing
+    left, no worker alive — never a traceback or a lost signal (a conversion that completes)."""
+    run = _run_marking_starts(sources, tmp_path, parent_seconds=0)
+    _wait_for_a_start(run, tmp_path)
+    time.sleep(delay)
+    os.kill(run.pid, signum)
+    _assert_only_the_sentence(run, tmp_path, signum)
+
+
 @pytest.mark.parametrize("requested, layers, expected", [(1024, 4, 32), (5, 2, 4), (9, 4, 8), (17, 2, 16)])
 def test_a_capped_worker_count_is_said_never_silent(requested: int, layers: int, expected: int) -> None:
     layout = fmt.Layout.unpadded(dataclasses.replace(SOURCE_DIMS, num_hidden_layers=layers))

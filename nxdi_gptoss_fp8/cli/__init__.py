@@ -21,6 +21,7 @@ from .. import format as fmt
 from .._version import __version__
 from ..deps import OPTIONAL, missing
 from ..errors import ConfigError, MissingDependencyError, NxdiGptossFp8Error
+from ..units import printable
 from ..validate.nxdi_config import switch_from_env
 from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, UsageError
 from .convert import add_convert_command, add_verify_conversion_command
@@ -95,7 +96,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "nxdi-gptoss-fp8") -> in
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except UsageError as exc:
-        return fail("usage", str(exc), EXIT_USAGE, exc)
+        return fail(exc.kind, str(exc), EXIT_USAGE, exc)
     except MissingDependencyError as exc:  # the environment, not the checkpoint
         return fail("missing_dependency", str(exc), EXIT_USAGE, exc)
     except ConfigError as exc:  # a setting
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "nxdi-gptoss-fp8") -> in
     except ModuleNotFoundError as exc:  # an optional package that a lazy import needed
         if debug or (exc.name or "").split(".")[0] not in OPTIONAL:
             raise
-        return fail("missing_dependency", missing(exc.name or ""), EXIT_USAGE, exc)
+        return fail("missing_dependency", str(missing(exc.name or "")), EXIT_USAGE, exc)
     except NxdiGptossFp8Error as exc:
         if debug:
             raise
@@ -131,6 +132,9 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     @stream.setter
     def stream(self, value: Any) -> None:
         pass
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))  # one line, escaped as every failure line is
 
 
 def _log_to_stderr() -> None:

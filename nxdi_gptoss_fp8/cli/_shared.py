@@ -23,21 +23,24 @@ PARTIAL_OUTPUT_REMOVED = "the partial output was removed and OUT is as it was be
 
 class UsageError(Exception):
     """A command-line input that cannot be used, or an output that could not be written (exit 2);
-    ``details`` are extra fields of the ``--json`` error (``usage_error``)."""
+    ``kind`` is the ``--json`` error's kind (``io`` for a write the disk or filesystem refused),
+    ``details`` its extra fields (``usage_error``)."""
 
-    def __init__(self, message: str, *, details: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, message: str, *, details: Mapping[str, Any] | None = None, kind: str = "usage") -> None:
         super().__init__(message)
         self.details = dict(details or {})
+        self.kind = kind
 
 
 def usage_error(exc: Exception) -> UsageError:
-    """``exc`` (a package error about an input or the output) as a ``UsageError``; a failed write
-    (``OutputWriteError``: disk full, say) keeps its path and error name for ``--json``."""
+    """``exc`` (a package error about an input or the output) as a ``UsageError``; a write the
+    disk or filesystem refused (``OutputWriteError``: full, read-only) is of kind ``io`` and keeps
+    its path and error name for ``--json``."""
     from ..errors import OutputWriteError
 
     if isinstance(exc, OutputWriteError):
-        return UsageError(str(exc), details={"type": "OutputWriteError", "path": exc.path,
-                                             "errno": exc.errno_name})
+        return UsageError(str(exc), kind="io", details={"type": "OutputWriteError", "path": exc.path,
+                                                        "errno": exc.errno_name})
     return UsageError(str(exc))
 
 

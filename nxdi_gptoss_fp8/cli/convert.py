@@ -181,7 +181,7 @@ def _add_workers_option(command: argparse.ArgumentParser, what: str) -> None:
 
 def _add_target_option(command: argparse.ArgumentParser) -> None:
     """``--target NAME``: a named geometry, a preset over the padded sizes (``format.TARGETS``)."""
-    from ..targets import TARGETS
+    from ..padding import TARGETS
 
     described = "; ".join(f"{t.name}: padded sizes {t.padded_hidden_size}/{t.padded_intermediate_size}, {t.purpose} "
                           f"({t.status})" for t in TARGETS.values())

@@ -8,8 +8,12 @@ all of them::
     {"ok": false, "command": "convert", "exit_code": 2,
      "error": {"kind": "usage", "type": "UsageError", "message": "..."}}
 
-``kind`` is one of ``ERROR_KINDS``; ``message`` is the stderr line without its
-``nxdi-gptoss-fp8 COMMAND:`` prefix. A command's own result with ``ok`` false (findings, a failed
+``kind`` is one of ``ERROR_KINDS``: ``usage`` (the command line, argparse's errors included),
+``missing_dependency`` (an optional package or NxDI), ``config`` (a setting), ``refused`` (the
+checkpoint), ``io`` (a read or a write the disk or filesystem refused: full, read-only, an I/O
+error), ``interrupted``. ``message`` is the stderr line without its ``nxdi-gptoss-fp8 COMMAND:``
+prefix, both escaped alike (``printable``: a line break or a non-UTF-8 byte in a path never
+splits or garbles the one line). A command's own result with ``ok`` false (findings, a failed
 verification) is not a failure: it is printed as that command's report.
 """
 
@@ -22,6 +26,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
+from ..units import printable
 from ._output import emit
 
 __all__ = [
@@ -57,15 +62,19 @@ def error_document(command: str | None, kind: str, message: str, exit_code: int,
 
 def report_failure(command: str | None, kind: str, message: str, exit_code: int, *, as_json: bool,
                    error_type: str, details: Mapping[str, Any] | None = None) -> int:
-    """Print the failure (stderr line; with ``as_json`` the document on stdout) and return ``exit_code``."""
+    """Print the failure (stderr line; with ``as_json`` the document on stdout) and return ``exit_code``.
+    ``message`` is shown escaped (``printable``), the same on stderr and in the document."""
     prefix = f"{PROG} {command}" if command else PROG
+    message = printable(message)
     return emit(error_document(command, kind, message, exit_code, error_type, details), f"{prefix}: {message}",
                 as_json=as_json, exit_code=exit_code, failure=True)
 
 
 class JsonAwareParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are also the JSON error document on stdout when
-    the command line asks for ``--json`` (subcommand parsers inherit the class and the argv)."""
+    """An ``ArgumentParser`` whose usage errors are one line on stderr, like every other failure
+    (no usage block: the line names the command's ``--help``), and also the JSON error document
+    on stdout when the command line asks for ``--json`` (subcommand parsers inherit the class
+    and the argv)."""
 
     argv: Sequence[str] = ()  # the command line being parsed, set by the top-level parse_args
 
@@ -74,14 +83,12 @@ class JsonAwareParser(argparse.ArgumentParser):
         return super().parse_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        if wants_json(JsonAwareParser.argv):
-            names = self._command_names()  # empty on a subcommand's parser, whose prog ends with its name
-            command = next((t for t in JsonAwareParser.argv if t in names), None) if names else self.prog.split()[-1]
-            self.print_usage(sys.stderr)
-            report_failure(command, "usage", message, 2, as_json=True, error_type="UsageError")
-            self.exit(2)
-        super().error(message)
-
+        names = self._command_names()  # empty on a subcommand's parser, whose prog ends with its name
+        command = next((t for t in JsonAwareParser.argv if t in names), None) if names else self.prog.split()[-1]
+        usage = f"{PROG} {command} --help" if command else f"{PROG} --help"
+        report_failure(command, "usage", f"{message} (run '{usage}')", 2, as_json=wants_json(JsonAwareParser.argv),
+                       error_type="UsageError")
+        self.exit(2)
 
     def _command_names(self) -> set[str]:
         """The subcommands of this parser (the top-level one reports an unrecognized argument

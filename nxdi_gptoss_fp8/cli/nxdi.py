@@ -80,7 +80,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     try:
         report = selfcheck(tp=args.tp)
     except CpuModelError as exc:  # NxDI missing or its run failed: the check cannot run
-        raise UsageError(f"{exc} (`nxdi-gptoss-fp8 env` says where this host stands)") from None
+        raise _cannot_run(exc) from None
     return print_result(report, args.json)
 
 
@@ -99,6 +99,17 @@ def add_selfcheck_command(commands: Any) -> None:
     selfcheck.set_defaults(handler=_cmd_selfcheck, interrupted="its temporary directory was removed")
 
 
+def _cannot_run(exc: Exception) -> Exception:
+    """Why NxDI's model cannot run, as the CLI's error: a missing or partial package (NxDI, NxD,
+    transformers) is a missing dependency (``--json`` kind ``missing_dependency``), anything
+    else a usage error; both exit 2."""
+    from ..errors import MissingDependencyError
+
+    if isinstance(exc, MissingDependencyError):
+        return MissingDependencyError(f"{exc} (`nxdi-gptoss-fp8 env` says where this host stands)")
+    return UsageError(str(exc))
+
+
 def _cmd_check_forward(args: argparse.Namespace) -> int:
     _checkpoint_dir(args.path)  # a missing or unusable path is a usage error (exit 2), as everywhere
     _checkpoint_dir(args.source, "--source, the HF checkpoint directory it was made from")
@@ -114,7 +125,7 @@ def _cmd_check_forward(args: argparse.Namespace) -> int:
             say=lambda line: print(f"nxdi-gptoss-fp8 check-forward: {line}", file=sys.stderr, flush=True),
         )
     except (CpuModelError, ConversionError, ValueError) as exc:  # cannot run, or unusable inputs
-        raise UsageError(str(exc)) from None
+        raise _cannot_run(exc) from None
     return print_result(report, args.json)
 
 

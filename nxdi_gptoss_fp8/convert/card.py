@@ -22,8 +22,9 @@ from .._version import __version__
 from ..errors import NotRegularFileError
 from ..hub import is_repo_id
 from ..nxdi.recipes import neuron_config_keys, vllm_command
+from ..padding import TARGETS
 from ..safeio.files import open_regular
-from ..targets import TARGETS
+from ..units import plural
 from ..writer import CheckpointWriter
 from .output import ConversionReport
 from .source import Source
@@ -207,7 +208,7 @@ def render_card(report: ConversionReport, source: Source, layout: fmt.Layout, pr
     body = f"""
 # {name}: normalized static FP8 for AWS NeuronX Distributed Inference
 
-GPT-OSS ({report.profile}, {report.layers} layers) with FP8 E4M3 experts (±{fmt.FP8_MAX:g}, one scale per
+GPT-OSS ({report.profile}, {plural(report.layers, 'layer')}) with FP8 E4M3 experts (±{fmt.FP8_MAX:g}, one scale per
 expert and output channel) and every other tensor in BF16, already in NxDI's namespace and
 layout. It loads through the `CHECKPOINT_FORMAT=normalized_fp8` hook of
 [nxdi-gptoss-fp8](https://github.com/nxdi-gptoss-fp8/nxdi-gptoss-fp8): a fail-closed preflight,
@@ -220,7 +221,7 @@ then zero-copy loading, with no conversion at load time.
 | converter | nxdi-gptoss-fp8 {__version__} (`nxdi-gptoss-fp8 convert`) |
 | padding | {padding} |{_target_row(report.target)}
 | exactness | {report.exactness_text()} |
-| tensors | {report.tensors:,} tensors, {report.bytes_written:,} bytes ({report.fp8_bytes:,} FP8) |
+| tensors | {plural(report.tensors, 'tensor')}, {report.bytes_written:,} bytes ({report.fp8_bytes:,} FP8) |
 | companion files | {companions_text} |
 
 ## Load it with NxDI

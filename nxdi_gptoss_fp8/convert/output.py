@@ -28,8 +28,8 @@ from .mxfp4 import Exactness
 from .source import SourceReader, expert_source_name
 
 __all__ = [
-    "CHUNK_BYTES", "ConversionReport", "EncodeResult", "ExpertStats", "Lane", "Output", "Workspace", "copy_padded",
-    "hf_biases", "output_config", "put_biases", "require_finite", "require_normal_scales", "single_threaded_torch",
+    "CHUNK_BYTES", "DROPPED_CONFIG_KEYS", "ConversionReport", "EncodeResult", "ExpertStats", "Lane", "Output", "Workspace",
+    "copy_padded", "hf_biases", "output_config", "put_biases", "require_finite", "require_normal_scales", "single_threaded_torch",
     "start_writeback", "stream_experts",
 ]
 
@@ -145,8 +145,8 @@ class ConversionReport:
         rate = self.fp8_bytes / self.elapsed_s / 1e6 if self.elapsed_s > 0 else 0.0
         lines = [
             f"converted {self.source} ({self.source_format}) → {self.out}",
-            f"  profile {self.profile}, {self.layers} layers, H'={self.padded_hidden_size}, "
-            f"I'={self.padded_intermediate_size}, {self.tensors} tensors"
+            f"  profile {self.profile}, {plural(self.layers, 'layer')}, H'={self.padded_hidden_size}, "
+            f"I'={self.padded_intermediate_size}, {plural(self.tensors, 'tensor')}"
             + (f", target {self.target}" if self.target else ""),
             f"  {plural(self.files, 'file')}, {format_bytes(self.files_bytes)} ({self.files_bytes:,} bytes) written: "
             f"{format_bytes(self.bytes_written)} of tensor data ({format_bytes(self.fp8_bytes)} FP8), in "
@@ -425,8 +425,17 @@ def hf_biases(reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Ten
     return biases[0], biases[1]
 
 
+# source config.json keys never written to the output: ours replaces the quantization_config;
+# ``_name_or_path`` is where the source sat (a local path, perhaps private), which transformers
+# replaces with the directory it loads from (``AutoConfig.from_pretrained``), and which NxDI's
+# ``checkpoint_loader_fn`` would otherwise read as the weights' directory when that path exists
+# (a config built from the JSON by hand, not quantized): absent, it falls back to the model path.
+DROPPED_CONFIG_KEYS = ("quantization_config", "_name_or_path")
+
+
 def output_config(source_config: dict[str, Any], dims: fmt.ModelDims) -> dict[str, Any]:
-    """The source ``config.json`` with its ``quantization_config`` replaced by ours."""
-    config = {key: value for key, value in source_config.items() if key != "quantization_config"}
+    """The source ``config.json`` with its ``quantization_config`` replaced by ours, and no
+    ``_name_or_path`` (``DROPPED_CONFIG_KEYS``: no file of the output names where the source sat)."""
+    config = {key: value for key, value in source_config.items() if key not in DROPPED_CONFIG_KEYS}
     config["quantization_config"] = fmt.hf_config(dims)["quantization_config"]
     return config

@@ -18,9 +18,9 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import ConversionError
+from ..padding import TARGETS
 from ..progress import Progress
-from ..targets import TARGETS
-from ..units import parse_size
+from ..units import parse_size, plural
 from ..validate.config_fields import config_field_problems
 from ..writer import CheckpointWriter
 from .card import CARD_FILE, card_size_bound, write_model_card
@@ -78,7 +78,7 @@ def _classify(names: set[str]) -> SourceKind:
         what = "already-converted (NxDI) names: a normalized checkpoint needs no conversion; validate it instead"
     else:
         what = "no GPT-OSS expert tensors (looked for " + "; ".join(k.description for k in KINDS.values()) + ")"
-    raise ConversionError(f"unrecognized source layout: {what} (found {len(names)} tensors, e.g. {sample})")
+    raise ConversionError(f"unrecognized source layout: {what} (found {plural(len(names), 'tensor')}, e.g. {sample})")
 
 
 def open_source(src: str | os.PathLike[str], *, gate_up_split: str | None = None,

@@ -22,7 +22,7 @@ from typing import Any
 from .. import format as fmt
 from ..errors import ConversionError
 from ..output_target.space import free_bytes, space_needed
-from ..targets import TARGETS
+from ..padding import TARGETS
 from ..units import format_bytes, plural
 from ..writer import CheckpointWriter
 from .fp8 import BLOCK_VALUES
@@ -133,7 +133,7 @@ class ConversionPlan:
     def render_text(self) -> str:
         download = self.download_bytes
         lines = [f"plan: convert {self.source} ({self.source_format or 'format known after the download'}) → {self.out}",
-                 f"  profile {self.profile}, {self.layers} layers, H'={self.padded_hidden_size}, "
+                 f"  profile {self.profile}, {plural(self.layers, 'layer')}, H'={self.padded_hidden_size}, "
                  f"I'={self.padded_intermediate_size}",
                  *_target_lines(self.target),
                  f"  read: {plural(len(self.reads), 'file')}, {format_bytes(self.read_bytes)}"

@@ -22,6 +22,7 @@ from ..errors import ConversionError, FileTooLargeError, NotRegularFileError
 from ..safeio.files import not_regular_reason, read_bounded
 from ..safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from ..safeio.safetensors_header import HeaderError, TensorInfo, read_header
+from ..units import plural
 
 if TYPE_CHECKING:
     import torch
@@ -115,7 +116,7 @@ class Source:
         """What the index's ``source`` metadata records: what identifies the source wherever it
         sits (its format, the Hub repo and commit when it is an HF cache snapshot, its
         ``fingerprint``), never the local path it was read from; no timestamps, so the output is
-        reproducible. ``config.json``'s ``_name_or_path`` is inert and names no repo here."""
+        reproducible. ``config.json``'s ``_name_or_path`` names no repo here (and the output drops it)."""
         record: dict[str, Any] = {"format": self.kind, "converter": f"nxdi-gptoss-fp8 {__version__}", **self.options}
         match = _HF_SNAPSHOT.search(self.root.replace(os.sep, "/"))
         if match:
@@ -279,9 +280,17 @@ def read_source_files(src: str | os.PathLike[str]) -> tuple[str, dict[str, Any],
                                                              dict[str, tuple[str, TensorInfo]]]:
     """(root, config, dims, tensors) of a GPT-OSS source directory; every header parsed and
     matched against the index. Kind-independent."""
+    from ..recognize import compiled_model_dir
+
     root = os.path.abspath(os.fspath(src))
     if not os.path.isdir(root):
         raise ConversionError(f"{root} is not a directory: SRC is a checkpoint directory holding config.json")
+    compiled = compiled_model_dir(root)
+    if compiled is not None:  # NxDI's compile output (or its weights/): loaded as it is, never converted
+        raise ConversionError(f"{root} is {'the weights/ folder of ' if compiled != root else ''}a compiled NxDI model "
+                              "directory, not a source checkpoint (HF MXFP4, HF BF16 or compressed-tensors FP8): "
+                              f"check it with `nxdi-gptoss-fp8 validate {compiled}` and load it with NxDI as the "
+                              "compiled model path")
     parent = os.path.dirname(root)
     if os.path.basename(root) == "original" and os.path.isfile(os.path.join(parent, fmt.CONFIG_FILE)):
         raise ConversionError(
@@ -363,12 +372,12 @@ def check_tensors(tensors: dict[str, tuple[str, TensorInfo]], specs: dict[str, S
     extra = sorted(set(tensors) - set(specs))
     if missing:
         raise ConversionError(
-            f"{kind} source lacks {len(missing)} tensors the config implies (first: {missing[0]}): "
+            f"{kind} source lacks {plural(len(missing), 'tensor')} the config implies (first: {missing[0]}): "
             "incomplete download, or config.json from another model"
         )
     if extra:
         raise ConversionError(
-            f"{kind} source has {len(extra)} tensors a GPT-OSS checkpoint does not (first: {extra[0]}): "
+            f"{kind} source has {plural(len(extra), 'tensor')} a GPT-OSS checkpoint does not (first: {extra[0]}): "
             "not a GPT-OSS HF checkpoint, or mixed sets"
         )
     for name, spec in specs.items():

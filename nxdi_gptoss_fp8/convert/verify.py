@@ -36,6 +36,7 @@ from ..hub import is_repo_id
 from ..progress import Progress
 from ..validate.pipeline import preflight
 from . import (
+    KINDS,
     SOURCE_BF16,
     SOURCE_COMPRESSED_TENSORS,
     Source,
@@ -216,12 +217,25 @@ def _normalized_index(path: str) -> bool:
 
 
 def swapped_arguments_hint(out: str | os.PathLike[str], source: str | os.PathLike[str]) -> str | None:
-    """A one-line hint when ``source`` is a converted checkpoint and ``out`` is not: the two
-    arguments were given the other way round."""
+    """A one-line hint when the arguments cannot be what ``verify-conversion`` compares: ``out``
+    a compiled NxDI model directory (what it is, and ``validate`` for it), or ``source`` a
+    converted checkpoint — swapped (with the command that works) only when ``out`` is a source
+    the converter reads, else what ``out`` is (``recognize``)."""
+    from ..recognize import compiled_model_dir, recognize
+
     out, source = os.fspath(out), os.fspath(source)
+    if compiled_model_dir(out) is not None:
+        return (f"{out} is a compiled NxDI model directory, not a converted checkpoint: check it with "
+                f"`nxdi-gptoss-fp8 validate {out}`; verify-conversion compares a converted checkpoint with the "
+                "checkpoint it was converted from (nxdi-gptoss-fp8 verify-conversion CONVERTED --source SOURCE)")
     if os.path.isdir(source) and _normalized_index(source) and not _normalized_index(out):
-        return (f"the arguments look swapped: {source} is a converted (normalized FP8) checkpoint and {out} is not; "
-                f"run: nxdi-gptoss-fp8 verify-conversion {source} --source {out}")
+        found = recognize(out)
+        if found.kind in KINDS:
+            return (f"the arguments look swapped: {source} is a converted (normalized FP8) checkpoint and {out} is "
+                    f"{found.title}; run: nxdi-gptoss-fp8 verify-conversion {source} --source {out}")
+        return (f"{source} is a converted (normalized FP8) checkpoint, not a source: --source takes the checkpoint it "
+                f"was converted from, and {out} is {found.title}: run nxdi-gptoss-fp8 verify-conversion {source} "
+                "--source SOURCE")
     return None
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import format as fmt
+from ..units import plural
 from .fp8 import fp8_values
 from .kinds.base import ExpertRows
 from .verify_values import Screen, byte_mismatches, judge, no_screen, products_exact
@@ -209,5 +210,5 @@ def compare_expert(want: ExpertRows, stored: torch.Tensor, scale: torch.Tensor, 
                 problem = _count_judged(judged, result, where, column + start)
                 first = first if first is not None else problem
     if first is not None:
-        result.problem = f"{first} ({result.violations} values of this expert violate)"
+        result.problem = f"{first} ({plural(result.violations, 'value')} of this expert {'violates' if result.violations == 1 else 'violate'})"
     return result

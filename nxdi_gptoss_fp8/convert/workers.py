@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from .. import format as fmt
 from ..errors import ConversionError
+from ..interrupts import interrupts_held
 from ..machine import available_memory, host_cpus
 from ..units import format_bytes, plural
 from ..writer import CheckpointWriter, PlannedTensor, planned_bytes, pwrite_all
@@ -157,7 +158,7 @@ def plan_workers(requested: int | None, layout: fmt.Layout, kind: str, *,
     if note is None and requested is not None and processes * lanes < workers:  # capped: said, never silent
         note = (f"{plural(workers, 'worker')} asked for, {processes * lanes} run ({plural(processes, 'process', 'processes')}"
                 f" × {plural(lanes, 'lane')}): the same lanes in every process, at most one process per layer "
-                f"({layout.dims.num_hidden_layers} layers) and {MAX_LANES} lanes per process")
+                f"({plural(layout.dims.num_hidden_layers, 'layer')}) and {MAX_LANES} lanes per process")
     return WorkerPlan(workers=processes * lanes, processes=processes, lanes=lanes,
                       process_bytes=process_bytes(layout, kind, lanes), note=note)
 
@@ -254,7 +255,11 @@ class LayerPool:
                 process.join(timeout=10)
 
     def submit(self, function: Callable[[int], T], layer: int) -> Future[T]:
-        return self._executor.submit(function, layer)
+        """Queue ``layer``; a worker process may start here, with interruptions held until it
+        is started and registered (``interrupts_held``): one cut off while receiving its start
+        data would print a multiprocessing traceback, and one not registered would not be killed."""
+        with interrupts_held():
+            return self._executor.submit(function, layer)
 
     def gather(self, futures: list[Future[T]], poll: Callable[[int], None]) -> list[T]:
         """The results in submission order; ``poll(done)`` runs every ``POLL_SECONDS`` while
@@ -380,7 +385,7 @@ class ConversionWorkers:
     def __init__(self, plan: WorkerPlan, source: Any, kind: Any, layout: fmt.Layout, writer: CheckpointWriter,
                  by_layer: dict[int, list[tuple[str, str]]]) -> None:
         assert writer.tmp is not None, "the writer's block must be entered first"
-        with sigint_blocked():  # the lock may start multiprocessing's resource tracker
+        with sigint_blocked(), interrupts_held():  # the lock may start multiprocessing's resource tracker
             self._counter = multiprocessing.get_context("spawn").Value("q", 0)
         job = ConvertJob(source, kind, layout, writer.tmp, dict(writer.planned), by_layer, plan.lanes, self._counter)
         self._pool = LayerPool(plan.processes, _setup_convert, (job,))

@@ -22,6 +22,7 @@ from typing import Any
 from .. import format as fmt
 from ..errors import ConversionError
 from ..safeio.json_file import read_json_file
+from ..units import plural
 from ..validate.findings import PreflightReport
 from ..validate.pipeline import allow_custom_from_env, preflight
 from .memory import MemoryNeed
@@ -80,7 +81,7 @@ class ForwardCheckReport:
                     f"check-forward: FAIL: the preflight refused {self.checkpoint}; no model was built")
         lines = [f"check-forward {self.checkpoint}",
                  f"  reference: transformers GptOssForCausalLM on {self.source} ({self.source_format}), float32",
-                 f"  first {self.layers} layers, {len(self.tokens)} tokens: context pass over {self.context}, "
+                 f"  first {plural(self.layers, 'layer')}, {len(self.tokens)} tokens: context pass over {self.context}, "
                  f"{len(self.tokens) - self.context} teacher-forced steps"]
         if self.memory is not None:
             lines.append(f"  memory: {self.memory.render()}")

@@ -36,13 +36,13 @@ from typing import Any, ClassVar
 
 from .. import format as fmt
 from ..deps import importable, module_version
-from ..errors import CpuModelError
+from ..errors import CpuModelError, CpuModelUnavailableError
 from ..safeio.json_file import read_json_file
 
 __all__ = [
-    "CPU_EXTRA", "MODELING", "NEURON_ONLY_ROOTS", "NXD", "NXDI", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "TOOL_ERROR_LINES",
-    "TORCHRUN_TIMEOUT_S", "ForwardPlan", "NxdiCpuAdaptations", "RunSpec", "environment", "fixed_plan",
-    "import_failure", "neuron_settings", "require_nxdi", "run_forward", "run_forwards",
+    "CPU_EXTRA", "MODELING", "NEURON_ONLY_ROOTS", "NXD", "NXDI", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "SOURCE_ROOTS",
+    "TOOL_ERROR_LINES", "TORCHRUN_TIMEOUT_S", "ForwardPlan", "NxdiCpuAdaptations", "RunSpec", "environment", "fixed_plan",
+    "import_failure", "neuron_settings", "require_nxdi", "run_forward", "run_forwards", "source_roots_problem",
 ]
 
 NXDI = "neuronx_distributed_inference"
@@ -107,7 +107,8 @@ class RunSpec:
 
 
 def require_nxdi() -> None:
-    """Raise ``CpuModelError`` (one line) unless NxDI's GPT-OSS model, NxD and transformers import.
+    """Raise ``CpuModelUnavailableError`` (a ``CpuModelError`` and a ``MissingDependencyError``, one
+    line) unless NxDI's GPT-OSS model, NxD and transformers import.
 
     Finding the packages is not enough: sources on ``PYTHONPATH`` are found and may still fail
     to import (NxD imports ``boto3`` and ``tenacity`` at package import; ``torch_xla`` and
@@ -116,18 +117,38 @@ def require_nxdi() -> None:
     """
     missing = [name for name in (NXDI, NXD) if not importable(name)]
     if missing:
-        raise CpuModelError(
-            f"needs NxDI: {', '.join(missing)} cannot be imported here; run this where "
-            "neuronx-distributed-inference is installed (its CPU mode needs no Neuron device)"
-        )
+        raise CpuModelUnavailableError(f"needs NxDI: {', '.join(missing)} cannot be imported here; " + (
+            source_roots_problem(os.environ) or "run this where neuronx-distributed-inference is installed "
+            "(its CPU mode needs no Neuron device)"))
     if not importable("transformers"):
-        raise CpuModelError("needs transformers (the reference model): pip install 'nxdi-gptoss-fp8[forward]'")
+        raise CpuModelUnavailableError("needs transformers (the reference model): pip install 'nxdi-gptoss-fp8[forward]'")
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
             importlib.import_module(MODELING)
     except Exception as exc:  # whatever NxDI's import raises: a missing module, a stand-in lacking a name, ...
-        raise CpuModelError(import_failure(exc)) from None
+        raise CpuModelUnavailableError(import_failure(exc)) from None
+
+
+# the variables of the CPU route from source checkouts: variable -> (repository, package under src/)
+SOURCE_ROOTS = {"NXDI_SRC": ("neuronx-distributed-inference", NXDI), "NXD_SRC": ("neuronx-distributed", NXD)}
+
+
+def source_roots_problem(environ: Mapping[str, str]) -> str | None:
+    """What is wrong with ``NXDI_SRC``/``NXD_SRC`` when either is set (None: neither is set, or
+    both are repository roots): each must be its repository's root, the folder holding ``src/``."""
+    wanted = {var: environ.get(var) for var in SOURCE_ROOTS}
+    if not any(wanted.values()):
+        return None
+    problems = [f"{var} is not set" if not value else f"{var}={value} has no src/{package}"
+                for var, value in wanted.items() for package in [SOURCE_ROOTS[var][1]]
+                if not value or not os.path.isdir(os.path.join(value, "src", package))]
+    if not problems:
+        return None
+    roots = " and ".join(f"{var} the root of a {repo} checkout" for var, (repo, _) in SOURCE_ROOTS.items())
+    return (f"{'; '.join(problems)}: for the CPU route set {roots} (the folders that hold src/, not src/ "
+            "itself) and run from this project's clone with PYTHONPATH=test/support/nxdi_standin/cpu_site:. "
+            "(docs/supported-environments.md)")
 
 
 def import_failure(exc: BaseException) -> str:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CpuModelError
+from ..units import plural
 
 __all__ = ["HeldWeight", "LayerExperts", "expert_linears_on_meta", "quantized_one_layer_at_a_time", "release_pages"]
 
@@ -131,7 +132,7 @@ class LayerExperts:
         missing = [key for key in self.materialized if key not in state_dict]
         if missing:
             raise CpuModelError(f"NxDI's loader gave no {missing[0]}: it would stay uninitialised "
-                                f"({len(missing)} tensors missing)")
+                                f"({plural(len(missing), 'tensor')} missing)")
 
     def install(self, layers: Any, rank: int, tp_degree: int, dtype: Any) -> None:
         """Forward hooks on each decoder layer of ``layers`` (NxDI's ``model.layers``); the held

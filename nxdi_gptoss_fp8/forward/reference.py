@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from ..errors import ConversionError, CpuModelError
+from ..errors import ConversionError, CpuModelError, CpuModelUnavailableError
 
 __all__ = [
     "ExpertsOnDemand", "reference_config", "reference_kinds", "reference_logits", "reference_model", "require_reference_kind",
@@ -29,9 +29,9 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise CpuModelError("needs transformers (GptOssForCausalLM) for the reference model: pip install 'transformers>=4.55,<5'") from None
+        raise CpuModelUnavailableError("needs transformers (GptOssForCausalLM) for the reference model: pip install 'transformers>=4.55,<5'") from None
     if not hasattr(transformers, "GptOssForCausalLM"):
-        raise CpuModelError(f"transformers {transformers.__version__} has no GptOssForCausalLM: install 'transformers>=4.55,<5'")
+        raise CpuModelUnavailableError(f"transformers {transformers.__version__} has no GptOssForCausalLM: install 'transformers>=4.55,<5'")
     return transformers
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from .._version import __version__
 from ..support import EnvironmentReport, environment_report, from_source
+from ..units import plural
 
 __all__ = [
     "STEPS", "TOKENS", "TRANSFORMERS_TOLERANCE", "Comparison", "SelfcheckReport", "package_identity", "selfcheck",
@@ -77,7 +78,7 @@ class SelfcheckReport:
         for module, info in self.environment.items():
             lines.append(f"  {names.get(module, module):<13} {info['version']} at {info['path']}")
         m = self.model
-        lines.append(f"  model         tiny GPT-OSS: {m['layers']} layers, {m['experts']} experts (top {m['top_k']}), "
+        lines.append(f"  model         tiny GPT-OSS: {plural(m['layers'], 'layer')}, {m['experts']} experts (top {m['top_k']}), "
                      f"H {m['hidden_size']}, I {m['intermediate_size']}, vocab {m['vocab_size']}; {m['tokens']} tokens: "
                      f"context {m['context']} + {m['tokens'] - m['context']} token steps")
         lines.append(f"  conversion    MXFP4 → FP8 {'exact' if self.conversion_exact else 'NOT exact'}")

@@ -22,7 +22,7 @@ from .. import format as fmt
 from ..validate.vllm_config import VLLM_OVERRIDE_KEY
 
 __all__ = [
-    "DEFAULT_VLLM_SETTINGS", "MODULES_TO_NOT_CONVERT", "QUANTIZATION_KEYS", "VLLM_ADDITIONAL_CONFIG_FLAG",
+    "DEFAULT_VLLM_SETTINGS", "HARMONY_VOCABULARY_URL", "MODULES_TO_NOT_CONVERT", "QUANTIZATION_KEYS", "VLLM_ADDITIONAL_CONFIG_FLAG",
     "VLLM_OVERRIDE_KEY", "inference_demo_argv", "modules_file", "neuron_config_keys", "vllm_command", "vllm_hint",
     "vllm_override",
 ]
@@ -32,6 +32,8 @@ VLLM_ADDITIONAL_CONFIG_FLAG = "--additional-config"
 # the NeuronConfig keys that say "this checkpoint is normalized FP8"; vLLM's defaults lack all of them
 QUANTIZATION_KEYS = ("quantized", "quantized_checkpoints_path", "quantization_type", "quantization_dtype",
                      "modules_to_not_convert", "padded_hidden_size", "padded_intermediate_size")
+# where Harmony (tiktoken's public encodings) downloads o200k_base.tiktoken when TIKTOKEN_ENCODINGS_BASE is unset
+HARMONY_VOCABULARY_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 # the vLLM settings of the vLLM recipe (docs/serving.md) besides the override (what one host serves)
 DEFAULT_VLLM_SETTINGS = {"tensor_parallel_size": 64, "max_model_len": 8192, "max_num_seqs": 4}
 
@@ -58,13 +60,17 @@ def vllm_command(checkpoint: str, compiled: str, tiktoken_dir: str, padded_hidde
                  padded_intermediate_size: int, *, tensor_parallel_size: int = DEFAULT_VLLM_SETTINGS["tensor_parallel_size"],
                  max_model_len: int = DEFAULT_VLLM_SETTINGS["max_model_len"],
                  max_num_seqs: int = DEFAULT_VLLM_SETTINGS["max_num_seqs"]) -> str:
-    """The vLLM recipe as shell lines: the three environment variables, then ``vllm serve`` with the
-    full ``--additional-config`` (the block of docs/serving.md and the card's are this text)."""
+    """The vLLM recipe as shell lines: the three environment variables (Harmony's vocabulary
+    directory with where the file comes from and its SHA-256), then ``vllm serve`` with the full
+    ``--additional-config`` (the block of docs/serving.md and the card's are this text)."""
+    from .serving_host import HARMONY_VOCABULARY, O200K_BASE_SHA256  # it reads this module's recipe
+
     override = json.dumps(vllm_override(checkpoint, padded_hidden_size, padded_intermediate_size))
     return "\n".join([
         "export CHECKPOINT_FORMAT=normalized_fp8",
         f"export NEURON_COMPILED_ARTIFACTS={shlex.quote(compiled)}",
-        f"export TIKTOKEN_ENCODINGS_BASE={shlex.quote(tiktoken_dir)}",
+        f"export TIKTOKEN_ENCODINGS_BASE={shlex.quote(tiktoken_dir)}  # holds {HARMONY_VOCABULARY} from "
+        f"{HARMONY_VOCABULARY_URL} (SHA-256 {O200K_BASE_SHA256})",
         f"vllm serve {shlex.quote(checkpoint)} \\",
         f"  --tensor-parallel-size {tensor_parallel_size} --max-model-len {max_model_len} --max-num-seqs {max_num_seqs} "
         "--no-enable-prefix-caching \\",

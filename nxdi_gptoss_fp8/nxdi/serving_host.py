@@ -36,7 +36,7 @@ from ..errors import ConfigError
 from ..hub import is_repo_id
 from ..safeio.hashing import sha256_file
 from ..validate.vllm_config import VLLM_OVERRIDE_KEY, vllm_neuron_config
-from .recipes import VLLM_ADDITIONAL_CONFIG_FLAG
+from .recipes import HARMONY_VOCABULARY_URL, VLLM_ADDITIONAL_CONFIG_FLAG
 from .vllm_command import CommandError, VllmCommand, read_vllm_command, settings_from_command
 
 __all__ = ["HARMONY_VOCABULARY", "MAX_SHOWN_FINDINGS", "O200K_BASE_SHA256", "CommandError", "HostFinding", "HostReport",
@@ -319,21 +319,24 @@ def _vocabulary(environ: Mapping[str, str], findings: list[HostFinding]) -> None
     base = environ.get(ENV_TIKTOKEN)
     if not base:
         _finding(findings, "harmony_vocabulary_download", ENV_TIKTOKEN, f"{ENV_TIKTOKEN} is unset: Harmony downloads "
-                 f"{HARMONY_VOCABULARY} at the first request, which an air-gapped host cannot; put the file in a "
-                 f"directory and export {ENV_TIKTOKEN}=DIR", warning=True)
+                 f"{HARMONY_VOCABULARY} from {HARMONY_VOCABULARY_URL} at the first request, which an air-gapped host "
+                 f"cannot; put that file (SHA-256 {O200K_BASE_SHA256}) in a directory and export {ENV_TIKTOKEN}=DIR",
+                 warning=True)
         return
     path = os.path.join(base, HARMONY_VOCABULARY)
     if not _encodable(path) or not os.path.isfile(path):
         _finding(findings, "harmony_vocabulary_missing", ENV_TIKTOKEN, f"{path} does not exist: Harmony then fails "
-                 f"(it never downloads when {ENV_TIKTOKEN} is set); copy {HARMONY_VOCABULARY} there")
+                 f"(it never downloads when {ENV_TIKTOKEN} is set); copy {HARMONY_VOCABULARY} there (published at "
+                 f"{HARMONY_VOCABULARY_URL}, SHA-256 {O200K_BASE_SHA256})")
     elif os.path.getsize(path) > MAX_VOCABULARY_BYTES:
         _finding(findings, "harmony_vocabulary_wrong", ENV_TIKTOKEN, f"{path} is not {HARMONY_VOCABULARY} (too large): "
-                 "copy the published file there")
+                 f"copy the published file there ({HARMONY_VOCABULARY_URL}, SHA-256 {O200K_BASE_SHA256})")
     else:
         digest = sha256_file(path)
         if digest != O200K_BASE_SHA256:
             _finding(findings, "harmony_vocabulary_wrong", ENV_TIKTOKEN, f"{path} has SHA-256 {digest[:16]}…, Harmony "
-                     f"expects {O200K_BASE_SHA256[:16]}… and refuses it: copy the published {HARMONY_VOCABULARY} there")
+                     f"expects {O200K_BASE_SHA256} and refuses it: copy the published {HARMONY_VOCABULARY} there "
+                     f"({HARMONY_VOCABULARY_URL})")
 
 
 def lint_serving_host(command: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> HostReport:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .. import format as fmt
-from ..errors import ConversionError
+from ..errors import ConversionError, OutputWriteError
 from ..safeio.json_file import JsonFileError, read_json_file
 from ..units import printable
 from .work_dirs import is_our_hidden
@@ -205,8 +205,8 @@ def check_writable(target: OutputTarget) -> None:
                               "under it; choose another output path")
     with contextlib.suppress(OSError, AttributeError):
         if os.statvfs(path).f_flag & os.ST_RDONLY:
-            raise ConversionError(f"cannot write {target.out}: {path} is on a read-only file system; "
-                                  "choose an OUT on a writable filesystem")
+            raise OutputWriteError(f"cannot write {target.out}: {path} is on a read-only file system; "
+                                   "choose an OUT on a writable filesystem", path=path, errno_name="EROFS")
     effective = {"effective_ids": True} if os.access in os.supports_effective_ids else {}
     if not os.access(path, os.W_OK | os.X_OK, **effective):
         raise ConversionError(f"cannot write {target.out}: {path} is not writable by this user (permissions); "

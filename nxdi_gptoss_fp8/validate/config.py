@@ -8,9 +8,11 @@ import os
 from typing import Any
 
 from .. import format as fmt
+from ..units import plural
 from .config_fields import config_field_problems
 from .directory import _read_json_file
 from .findings import PreflightReport, Severity
+from .foreign import nested_advice
 from .nxdi_config import (
     Problem,
     bounded_int,
@@ -27,7 +29,8 @@ __all__ = ["bound_config", "check_neuron_config"]
 
 def _check_config(view: CheckpointView, report: PreflightReport) -> None:
     if not os.path.exists(os.path.join(view.root, fmt.CONFIG_FILE)):
-        report.add("config", "missing", f"{fmt.CONFIG_FILE} is missing: copy the model's Hugging Face config into the checkpoint directory", file=fmt.CONFIG_FILE)
+        fix = nested_advice(view) or "copy the model's Hugging Face config into the checkpoint directory"
+        report.add("config", "missing", f"{fmt.CONFIG_FILE} is missing: {fix}", file=fmt.CONFIG_FILE)
         return
     config = _read_json_file(view, report, fmt.CONFIG_FILE, "config")
     if config is None:
@@ -120,7 +123,7 @@ def _dims_in_proportion(view: CheckpointView, report: PreflightReport) -> bool:
         return True
     report.add(
         "config", "dims_out_of_proportion",
-        f"num_hidden_layers={layers} means {expected:,} tensors but the checkpoint lists {present:,}: "
+        f"num_hidden_layers={layers} means {plural(expected, 'tensor')} but the checkpoint lists {present:,}: "
         "this config.json does not describe the checkpoint; no namespace is derived from it",
         file=fmt.CONFIG_FILE, key="num_hidden_layers",
     )

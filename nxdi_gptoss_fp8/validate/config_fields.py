@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import format as fmt
+from ..units import plural
 from .nxdi_config import Problem, bounded_int, describe
 
 __all__ = ["MAX_UNKNOWN_FIELDS", "config_field_problems"]
@@ -102,7 +103,7 @@ def _layer_types_problem(layer_types: Any, layers: int) -> str | None:
     if not wrong:
         return None
     first = wrong[0]
-    return (f"[{first}] = {describe(layer_types[first])} ({len(wrong)} of {layers} layers differ), where NxDI computes "
+    return (f"[{first}] = {describe(layer_types[first])} ({len(wrong)} of {plural(layers, 'layer')} differ), where NxDI computes "
             f"{expected[first]!r}")
 
 

@@ -20,8 +20,10 @@ from .view import CheckpointView
 __all__ = ["NESTED_SEARCH_DEPTH", "NESTED_SEARCH_ENTRIES", "VLLM_ARTIFACTS_DIR", "VLLM_ARTIFACTS_FIX"]
 
 
-# How deep and how wide the directory is searched for weight files in subdirectories.
-NESTED_SEARCH_DEPTH = 2
+# How deep and how wide the directory is searched for weight files in subdirectories: deep
+# enough for vLLM's compile folder (neuron-compiled-artifacts/<hash>/weights/tpN_...), bounded by
+# the entries listed, never through a link (no loop).
+NESTED_SEARCH_DEPTH = 8
 
 
 NESTED_SEARCH_ENTRIES = 10_000
@@ -159,17 +161,22 @@ VLLM_ARTIFACTS_FIX = ("vLLM compiled into the checkpoint because NEURON_COMPILED
 
 
 def _check_nested_weight_files(view: CheckpointView, report: PreflightReport) -> None:
-    """Warn about weight files in subdirectories (the published repos ship ``original/``).
+    """Warn about weight files in subdirectories (the published repos ship ``original/``), and
+    about vLLM's compile folder (``neuron-compiled-artifacts/``) wherever it sits, with or without
+    weight files yet.
 
     They are never read, but a tool pointed at the directory may pick them up. The search is
     bounded: ``NESTED_SEARCH_DEPTH`` levels, ``NESTED_SEARCH_ENTRIES`` entries, no links followed.
     """
     found: dict[str, list[str]] = {}
+    artifacts: list[str] = []
     budget = NESTED_SEARCH_ENTRIES
     level = [""]
     for _ in range(NESTED_SEARCH_DEPTH + 1):
         below: list[str] = []
         for relative in level:
+            if budget < 0:
+                break
             try:
                 with os.scandir(os.path.join(view.root, relative)) as entries:
                     for entry in entries:
@@ -179,17 +186,32 @@ def _check_nested_weight_files(view: CheckpointView, report: PreflightReport) ->
                         name = os.path.join(relative, entry.name) if relative else entry.name
                         if entry.is_dir(follow_symlinks=False):
                             below.append(name)
+                            if entry.name == VLLM_ARTIFACTS_DIR:
+                                artifacts.append(name)
                         elif relative and entry.name.lower().endswith(fmt.WEIGHT_FILE_SUFFIXES):
-                            found.setdefault(name.split(os.sep, 1)[0], []).append(name)
+                            found.setdefault(_nested_owner(name), []).append(name)
             except OSError:
                 continue
         level = below
+    for directory in artifacts:
+        if directory not in found and not any(owner.startswith(directory + os.sep) for owner in found):
+            report.add("filesystem", "nested_weight_files", f"{directory}/ is the folder vLLM compiles into: "
+                       f"{VLLM_ARTIFACTS_FIX}", file=directory, severity=Severity.WARNING)
     for directory, names in sorted(found.items()):
         shown = ", ".join(sorted(names)[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        fix = VLLM_ARTIFACTS_FIX if directory == VLLM_ARTIFACTS_DIR else "move it out"
+        fix = VLLM_ARTIFACTS_FIX if os.path.basename(directory) == VLLM_ARTIFACTS_DIR else "move it out"
         report.add(
             "filesystem", "nested_weight_files",
             f"{directory}/ holds weight files ({shown}); they are not part of this checkpoint and are "
             f"never read, but a second weight set beside it is easy to load by mistake: {fix}",
             file=directory, severity=Severity.WARNING,
         )
+
+
+def _nested_owner(name: str) -> str:
+    """The folder a nested weight file is reported under: the outermost ``neuron-compiled-artifacts``
+    on its path (vLLM's compile folder, at any depth), else its top-level folder."""
+    parts = name.split(os.sep)
+    if VLLM_ARTIFACTS_DIR in parts[:-1]:
+        return os.sep.join(parts[:parts.index(VLLM_ARTIFACTS_DIR) + 1])
+    return parts[0]

@@ -8,7 +8,7 @@ from typing import Any
 
 from .view import CheckpointView
 
-__all__ = ["foreign_recognition", "refused_recognition"]
+__all__ = ["foreign_recognition", "nested_advice", "refused_recognition"]
 
 
 # The checkpoint kinds ``recognize`` names that are not normalized (compiled NxDI output and
@@ -31,16 +31,23 @@ def foreign_recognition(view: CheckpointView) -> Any:
     return view.recognition if view.recognition.kind in _FOREIGN_KINDS else None
 
 
+def nested_advice(view: CheckpointView) -> str | None:
+    """``DIR holds gpt-oss-120b-fp8/, a normalized FP8 checkpoint: nxdi-gptoss-fp8 validate …``
+    when the directory is no checkpoint but holds one a level down (``recognize``), else None."""
+    foreign_recognition(view)
+    return view.recognition.hint() if view.recognition.inside else None
+
+
 def refused_recognition(view: CheckpointView) -> Any:
     """What ``inspect`` says a directory the preflight refused is, when it is a kind of directory
     ``recognize`` knows other than a normalized checkpoint (HF, compressed-tensors, legacy,
-    pre-sharded weights, a compiled NxDI model directory), else None: its ``hint()`` is
-    ``PreflightReport.hint``."""
+    pre-sharded weights, a compiled NxDI model directory) or a folder that holds a checkpoint one
+    level down, else None: its ``hint()`` is ``PreflightReport.hint``."""
     from ..recognize import NORMALIZED
 
     foreign_recognition(view)  # recognizes the directory once, into view.recognition
     recognition = view.recognition
-    known = recognition is not None and recognition.known and recognition.kind != NORMALIZED
+    known = recognition is not None and ((recognition.known and recognition.kind != NORMALIZED) or recognition.inside)
     return recognition if known else None
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import format as fmt
 from .. import other_formats
-from ..targets import TARGETS, target_problems
+from ..padding import TARGETS, target_problems
 from .directory import _read_json_file, _shard_name_problem
 from .findings import MAX_FINDINGS_PER_CODE, PreflightReport
 from .foreign import _foreign_advice

@@ -25,6 +25,7 @@ from .. import format as fmt
 from ..errors import ConfigError
 from ..safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from ..safeio.strict_json import JsonError
+from ..units import plural
 from .vllm_config import VLLM_OVERRIDE_KEY
 
 __all__ = [
@@ -399,7 +400,7 @@ def _exclusion_problems(nc: Any, dims: fmt.ModelDims | None) -> list[Problem]:
     entries = list(entries)
     layers = dims.num_hidden_layers if dims else 1
     if layers * 6 * max(len(entries), 1) > MAX_EXCLUSION_WORK:
-        return [Problem("neuron_config", "bad_modules_to_not_convert", f"{key} has {len(entries):,} entries for {layers:,} layers: too many to check; list module names, not paths", key)]
+        return [Problem("neuron_config", "bad_modules_to_not_convert", f"{key} has {len(entries):,} entries for {plural(layers, 'layer')}: too many to check; list module names, not paths", key)]
     qkv = ("qkv_proj.Wqkv",) if config_attr(nc, "fused_qkv", False) else ("qkv_proj.q_proj", "qkv_proj.k_proj", "qkv_proj.v_proj")
     problems = []
     attention_paths = (f"layers.{i}.self_attn.{name}" for i in range(layers) for name in (*qkv, "o_proj.o_proj"))

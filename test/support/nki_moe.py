@@ -19,7 +19,7 @@ import torch
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.convert import non_expert_names
-from nxdi_gptoss_fp8.targets import TARGETS
+from nxdi_gptoss_fp8.padding import TARGETS
 
 PLUGIN_TARGET = TARGETS["nki-moe"]
 DECODE_H_MULTIPLE = 256  # the decode kernel's hidden-size tiling
