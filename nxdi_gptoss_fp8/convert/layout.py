@@ -49,7 +49,7 @@ def pad_to(values: torch.Tensor, shape: tuple[int, ...], fill: float = 0.0) -> t
 
 def crop_to(values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """The inverse of ``pad_to``: the leading ``shape`` of ``values`` (a view: the padding dropped)."""
-    if len(shape) != values.dim() or any(n > m for n, m in zip(shape, values.shape)):
+    if len(shape) != values.dim() or any(n > m for n, m in zip(shape, values.shape, strict=True)):
         raise ValueError(f"cannot crop {tuple(values.shape)} to {tuple(shape)}")
     return values[tuple(slice(0, n) for n in shape)]
 

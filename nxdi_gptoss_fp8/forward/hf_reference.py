@@ -116,7 +116,7 @@ def dequantized_layer(stored: Mapping[str, torch.Tensor], layer: int, dims: fmt.
         values = dequantize_expertwise(stored[f"{down}.weight"][expert, :i], stored[f"{down}.scale"][expert])
         down_out[expert] = values[:, :h]
     biases = (interleave_chunked(stored[f"{gate_up}.bias"], i), crop_to(stored[f"{down}.bias"], (experts, h)))
-    for short, value in zip(_EXPERT_SHORT, (gate_up_out, biases[0], down_out, biases[1])):
+    for short, value in zip(_EXPERT_SHORT, (gate_up_out, biases[0], down_out, biases[1]), strict=True):
         state[expert_source_name(layer, short)] = value.to(dtype)
     return state
 

@@ -12,6 +12,7 @@ byte is read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import BinaryIO
 
 from ..errors import NotRegularFileError
 
-__all__ = ["FileIdentity", "file_kind", "not_regular_reason", "open_regular"]
+__all__ = ["FileIdentity", "file_kind", "not_regular_reason", "open_regular", "write_atomically"]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -117,3 +118,28 @@ def open_regular(path: str | os.PathLike[str], *, buffering: int = -1) -> Binary
     except BaseException:
         os.close(fd)
         raise
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: a hidden temporary file beside it, synced, then
+    renamed over it (and the directory synced); the temporary file is removed on any failure."""
+    directory = os.path.dirname(path)
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # a file system without directory fsync: the rename itself is atomic
