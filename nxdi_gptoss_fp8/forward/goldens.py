@@ -99,7 +99,7 @@ def generate_expected(model: Any, input_ids: torch.Tensor, attention_mask: torch
 def expected_outputs(sequences: torch.Tensor, scores: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:
     """The object written: ``sequences`` (a tensor) with ``.sequences`` and ``.scores`` attributes."""
     outputs = sequences.detach().clone()
-    outputs.sequences = outputs  # type: ignore[attr-defined]
+    outputs.sequences = sequences.detach().clone()  # type: ignore[attr-defined]  # not itself: weights-only loads no cycle
     outputs.scores = tuple(score.detach().float().clone() for score in scores)  # type: ignore[attr-defined]
     return outputs
 

@@ -42,8 +42,9 @@ class ConfigAwareStaticMethod(staticmethod):
 
 def load_reference(model_path: Any, config: Any, **kwargs: Any) -> Any:
     """The transformers model the reference setting asks for (``LoadError``/``ConfigError``, one
-    line, when none is set or the value cannot be used); ``torch_dtype`` / ``dtype`` in
-    ``kwargs`` choose bfloat16 (default) or float32."""
+    line, when none is set or the value cannot be used). Its dtype: ``dtype`` / ``torch_dtype`` in
+    ``kwargs``, else the NeuronConfig's ``torch_dtype`` when bfloat16 or float32 (the model under
+    test's), else bfloat16."""
     from ..validate.pipeline import allow_custom_from_env
     from .config import reference_choice
 
@@ -55,9 +56,11 @@ def load_reference(model_path: Any, config: Any, **kwargs: Any) -> Any:
             f"{fmt.REFERENCE_ENV}=/path/to/the/HF/source it was converted from (docs/accuracy.md)")
     from ..forward.hf_reference import build_reference
 
-    quantized = getattr(getattr(config, "neuron_config", config), "quantized_checkpoints_path", None) if config is not None else None
-    ckpt = os.fspath(quantized or model_path)
+    neuron_config = getattr(config, "neuron_config", config) if config is not None else None
+    ckpt = os.fspath(getattr(neuron_config, "quantized_checkpoints_path", None) or model_path)
     dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+    if dtype is None and str(getattr(neuron_config, "torch_dtype", "")).removeprefix("torch.") in ("float32", "bfloat16"):
+        dtype = str(neuron_config.torch_dtype).removeprefix("torch.")  # the dtype the model under test runs in
     build = build_reference(ckpt, choice, dtype=dtype, allow_custom_model=allow_custom_from_env(),
                             say=lambda line: logger.warning("load_hf_model: %s", line))
     logger.warning("load_hf_model: %s", build.describe())
