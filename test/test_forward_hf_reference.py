@@ -144,7 +144,7 @@ def test_a_source_that_is_not_the_recorded_one_is_refused(made: dict[str, Path],
 
 
 def test_a_host_without_the_memory_is_refused_after_saying_how_much(made: dict[str, Path]) -> None:
-    with pytest.raises(CpuModelError, match=r"needs about .* the reference model .* the test host offers 1.00 kB: build it on a host"):
+    with pytest.raises(CpuModelError, match=r"needs about .*the reference model .* the test host offers 1.00 kB: build it on a host"):
         build_reference(made["padded"], "dequantized", allow_custom_model=True, available=(1000, "the test host"))
 
 
