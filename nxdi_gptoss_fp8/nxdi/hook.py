@@ -14,9 +14,10 @@ into a recompile.
 The opt-in can also live in NxDI's config: ``neuron_config.checkpoint_format =
 "normalized_fp8"``. NxDI's ``NeuronConfig.__init__`` drops unknown keyword arguments with only a
 warning, so ``GptOssNeuronConfig.__init__`` is wrapped to keep that keyword and the two load-time
-choices (``normalized_fp8_verify_at_load``, ``normalized_fp8_load_mode``) as attributes, which
-NxDI's ``neuron_config.json`` round trip keeps. Pre-sharded weights: ``shard_weights`` and
-``load_weights`` are wrapped by ``nxdi.presharded``.
+choices (``normalized_fp8_verify_at_load``, ``normalized_fp8_load_mode``) and the accuracy
+reference (``normalized_fp8_reference``) as attributes, which NxDI's ``neuron_config.json``
+round trip keeps. Pre-sharded weights: ``shard_weights`` and ``load_weights`` are wrapped by
+``nxdi.presharded``; ``load_hf_model`` (NxDI's accuracy check) by ``nxdi.accuracy``.
 
 Importing this module does not import NxDI; ``register()`` does.
 """

@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from nxdi_standin import accuracy_cpu  # noqa: E402
+from nxdi_standin import accuracy_cpu
 
 __all__ = ["run"]
 
