@@ -44,6 +44,7 @@ class GoldensReport:
     input_ids: list[int] = field(default_factory=list)
     generated_ids: list[int] = field(default_factory=list)
     generated_text: str = ""
+    token_matching_count: int = 0  # --num-tokens-to-check for token matching (NxDI drops pad tokens first)
     generate_s: float = 0.0
     ok: bool = True
 
@@ -51,7 +52,8 @@ class GoldensReport:
         return {"ok": self.ok, "output": self.output, "checkpoint": self.checkpoint, **self.build.to_dict(),
                 "prompt": self.prompt, "batch_size": self.batch_size, "num_tokens": self.num_tokens,
                 "input_ids": self.input_ids, "generated_ids": self.generated_ids,
-                "generated_text": self.generated_text, "generate_s": round(self.generate_s, 3)}
+                "generated_text": self.generated_text, "token_matching_count": self.token_matching_count,
+                "generate_s": round(self.generate_s, 3)}
 
     def render_text(self) -> str:
         return "\n".join([
@@ -61,8 +63,9 @@ class GoldensReport:
             f"  prompt     {len(self.input_ids)} tokens × batch {self.batch_size}; {self.num_tokens} tokens generated "
             f"greedily in {self.generate_s:.1f} s",
             f"  generated  {self.generated_text!r}",
-            "  use        inference_demo ... --check-accuracy-mode logit-matching (or token-matching) "
-            f"--expected-outputs-path {self.output} --num-tokens-to-check {self.num_tokens} (docs/accuracy.md)",
+            f"  use        inference_demo ... --expected-outputs-path {self.output} --check-accuracy-mode logit-matching "
+            f"--num-tokens-to-check {self.num_tokens}, or token-matching --num-tokens-to-check {self.token_matching_count} "
+            "(docs/accuracy.md)",
         ])
 
 
@@ -147,6 +150,8 @@ def make_goldens(ckpt: str | os.PathLike[str], reference: str, *, prompt: str, n
     new = generated.sequences[0, inputs.input_ids.shape[1]:]
     report.generated_ids = new.tolist()
     report.generated_text = tokenize.decode(new, skip_special_tokens=True)
+    # NxDI's token matching removes the pad token from both sequences (prompt included), then compares
+    report.token_matching_count = int((generated.sequences[0] != tokenize.pad_token_id).sum())
     buffer = io.BytesIO()
     torch.save(outputs, buffer)
     write_atomically(output, buffer.getvalue())
