@@ -115,6 +115,7 @@ def dequantized_layer(stored: Mapping[str, torch.Tensor], layer: int, dims: fmt.
         gate_up_out[expert] = interleave_chunked(values, i)
         values = dequantize_expertwise(stored[f"{down}.weight"][expert, :i], stored[f"{down}.scale"][expert])
         down_out[expert] = values[:, :h]
+        _release((stored[f"{gate_up}.weight"][expert], stored[f"{down}.weight"][expert]))  # mapped pages, once read
     biases = (interleave_chunked(stored[f"{gate_up}.bias"], i), crop_to(stored[f"{down}.bias"], (experts, h)))
     for short, value in zip(_EXPERT_SHORT, (gate_up_out, biases[0], down_out, biases[1]), strict=True):
         state[expert_source_name(layer, short)] = value.to(dtype)
@@ -136,8 +137,9 @@ def _build_dequantized(ckpt: str, dims: fmt.ModelDims, config: Mapping[str, Any]
     stored = load_checkpoint(ckpt, None, report=report, allow_custom_model=allow_custom_model).state_dict
     unpadded = fmt.expected_namespace(fmt.Layout.unpadded(dims))
     model = _empty_model(config, dims.num_hidden_layers, dtype)
-    _fill(model, {hf: _cropped(stored[name], unpadded[name].shape, dtype)
-                  for hf, name in non_expert_names(dims).items() if not name.startswith("layers.")})
+    global_names = {hf: name for hf, name in non_expert_names(dims).items() if not name.startswith("layers.")}
+    _fill(model, {hf: _cropped(stored[name], unpadded[name].shape, dtype) for hf, name in global_names.items()})
+    _release(stored[name] for name in global_names.values())  # copied: the embedding's and head's pages may go
     for layer in range(dims.num_hidden_layers):
         started = time.perf_counter()
         _fill(model, dequantized_layer(stored, layer, dims, dtype))
