@@ -20,16 +20,16 @@ from typing import Any
 __all__ = [
     "ALLOW_CUSTOM_ENV", "ARCHITECTURE", "BF16", "CONFIG_FIELD_ALIASES", "CONFIG_FILE", "CONFIG_HARD_CODED",
     "CONFIG_INERT_FIELDS", "CONFIG_READ_FIELDS", "DOWN", "DTYPE_BITS", "EXPERT_PREFIX", "F8_E4M3", "F32",
-    "FORMAT_DOCUMENT", "FORMAT_NAME", "FORMAT_VERSION", "FP8_MAX", "FULL_ATTENTION", "GATE_UP",
-    "HARD_CODED_REASONS", "INDEX_FILE", "LOAD_MODES", "LOAD_MODE_ATTR", "LOAD_MODE_ENV", "LOAD_MODE_MMAP",
-    "LOAD_MODE_PRIVATE", "MAX_BYTE_COUNT", "MAX_DIMENSION", "MODEL_TYPE", "NXDI_RMS_NORM_EPS", "NXDI_SWIGLU_LIMIT",
-    "OPTIONAL_METADATA", "PAD_MULTIPLE", "PICKLE_SUFFIXES", "PROFILES", "PROFILE_20B", "PROFILE_120B",
-    "PROFILE_CUSTOM", "PROFILE_NAMES", "QUANTIZATION_DTYPE", "QUANTIZATION_TYPE", "QUANT_METHOD",
-    "REQUIRED_METADATA", "ROPE_SCALING_HARD_CODED", "ROPE_SCALING_READ", "ROPE_TYPE", "SLIDING_ATTENTION",
-    "VERIFY_AT_LOAD_ATTR", "VERIFY_AT_LOAD_ENV", "WEIGHT_FILE_SUFFIXES", "ConfigFieldError", "Layout",
-    "ModelDims", "TensorSpec", "dims_from_config", "expected_namespace", "expected_total_size", "format_document_path",
-    "format_document_ref", "global_specs", "hf_config", "index_metadata", "is_expert_scale", "layer_prefix",
-    "layer_specs", "nxdi_layer_types", "profile_for_dims", "scale_key_for", "weight_key_for",
+    "FORMAT_DOCUMENT", "FORMAT_NAME", "FORMAT_VERSION", "FP8_MAX", "FULL_ATTENTION", "GATE_UP", "HARD_CODED_REASONS",
+    "INDEX_FILE", "LOAD_MODES", "LOAD_MODE_ATTR", "LOAD_MODE_ENV", "LOAD_MODE_MMAP", "LOAD_MODE_PRIVATE",
+    "MAX_BYTE_COUNT", "MAX_DIMENSION", "MODEL_TYPE", "NXDI_RMS_NORM_EPS", "NXDI_SWIGLU_LIMIT", "OPTIONAL_METADATA",
+    "PAD_MULTIPLE", "PICKLE_SUFFIXES", "PROFILES", "PROFILE_20B", "PROFILE_120B", "PROFILE_CUSTOM", "PROFILE_NAMES",
+    "QUANTIZATION_DTYPE", "QUANTIZATION_TYPE", "QUANT_METHOD", "REFERENCE_ATTR", "REFERENCE_DEQUANTIZED",
+    "REFERENCE_ENV", "REQUIRED_METADATA", "ROPE_SCALING_HARD_CODED", "ROPE_SCALING_READ", "ROPE_TYPE",
+    "SLIDING_ATTENTION", "VERIFY_AT_LOAD_ATTR", "VERIFY_AT_LOAD_ENV", "WEIGHT_FILE_SUFFIXES", "ConfigFieldError",
+    "Layout", "ModelDims", "TensorSpec", "dims_from_config", "expected_namespace", "expected_total_size",
+    "format_document_path", "format_document_ref", "global_specs", "hf_config", "index_metadata", "is_expert_scale",
+    "layer_prefix", "layer_specs", "nxdi_layer_types", "profile_for_dims", "scale_key_for", "weight_key_for",
 ]
 
 # The user document of the format: docs/format.md in the source tree, shipped in the package as
@@ -83,6 +83,11 @@ LOAD_MODE_ATTR = "normalized_fp8_load_mode"
 LOAD_MODE_MMAP = "mmap"  # the default: private copy-on-write mappings of the shard files
 LOAD_MODE_PRIVATE = "private"  # read every shard into anonymous memory
 LOAD_MODES = (LOAD_MODE_MMAP, LOAD_MODE_PRIVATE)
+# What the hooked ``load_hf_model`` builds for NxDI's accuracy check (docs/accuracy.md): the
+# checkpoint's own numbers dequantized, or a path to the HF source it was converted from.
+REFERENCE_ENV = "NXDI_GPTOSS_FP8_REFERENCE"
+REFERENCE_ATTR = "normalized_fp8_reference"
+REFERENCE_DEQUANTIZED = "dequantized"
 
 # safetensors dtype names used by the format.
 BF16 = "BF16"

@@ -42,6 +42,10 @@ CASES: dict[str, tuple[Argv, Argv]] = {
     "check-forward": (lambda t: ["check-forward", str(t / "missing"), "--source", str(t / "empty")],
                       lambda t: ["check-forward", str(t / "empty"), "--source", str(t / "empty"),
                                  "--neuron-config", str(t / "missing.json")]),
+    "goldens": (lambda t: ["goldens", str(t / "missing"), "--reference", "dequantized", "--prompt", "x",
+                           "--num-tokens", "1", "--output", str(t / "g.pt")],
+                lambda t: ["goldens", str(t / "empty"), "--reference", "dequantized", "--prompt", "x",
+                           "--num-tokens", "1", "--output", str(t / "g.pt")]),  # no tokenizer
     "selfcheck": (lambda t: ["selfcheck", "--tp", "0"],  # no path: its own usage error
                   lambda t: None),  # needs NxDI, which may be importable where the tests run: the env case covers it
     "env": (lambda t: None, lambda t: None),  # no path, no refusal of its own: the env case covers it

@@ -263,6 +263,8 @@ ALLOWED_REMOVERS = {
     "nxdi_gptoss_fp8/output_target/work_dirs.py": "the unfinished outputs a dead run left (its own hidden work folders)",
     "nxdi_gptoss_fp8/demo.py": "the temporary directory it made itself with tempfile.mkdtemp",
     "nxdi_gptoss_fp8/validate/presharded_manifest.py": "its own manifest file (a file, written atomically)",
+    "nxdi_gptoss_fp8/safeio/files.py": "write_atomically: one file (a manifest, a goldens file) replaced by the "
+                                       "temporary file it made itself beside it",
 }
 _REMOVING = {("shutil", "rmtree"), ("shutil", "move"), ("os", "remove"), ("os", "unlink"), ("os", "rmdir"),
              ("os", "removedirs"), ("os", "rename"), ("os", "renames"), ("os", "replace")}

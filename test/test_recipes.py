@@ -9,6 +9,7 @@ import types
 from pathlib import Path
 
 import clients
+import documents
 import pytest
 
 from nxdi_gptoss_fp8 import format as fmt
@@ -114,3 +115,44 @@ def test_the_recipe_paths_are_quoted_for_the_shell(tmp_path: Path) -> None:
     odd = str(tmp_path / "my models" / "it's")
     words = clients.shell_commands(recipes.vllm_command(odd, odd + "-c", "/t", 64, 64))
     assert words[-1][2] == odd and words[1] == ["export", f"NEURON_COMPILED_ARTIFACTS={odd}-c"]
+
+
+# --------------------------------------------------------------------------- the accuracy step (docs/accuracy.md)
+
+
+ACCURACY_PAGE = "docs/accuracy.md"
+ACCURACY_RECIPE = "The recipe: goldens on a CPU host, the check on the device"
+
+
+def test_the_accuracy_pages_goldens_block_is_the_goldens_recipe() -> None:
+    first, second = clients.shell_commands(documents.code_block(ACCURACY_PAGE, ACCURACY_RECIPE, "bash", 0))
+    assert first == ["nxdi-gptoss-fp8", "goldens", *recipes.goldens_argv(MODEL, "dequantized", "/data/goldens/gpt-oss-120b-fp8-dequantized.pt")]
+    assert second == ["nxdi-gptoss-fp8", "goldens", *recipes.goldens_argv(MODEL, "/data/models/gpt-oss-120b",
+                                                                          "/data/goldens/gpt-oss-120b-fp8-source.pt")]
+
+
+def test_the_accuracy_pages_demo_block_is_the_demo_recipe_with_the_accuracy_step() -> None:
+    echo, demo = clients.shell_commands(documents.code_block(ACCURACY_PAGE, ACCURACY_RECIPE, "bash", 1))
+    assert json.loads(echo[1]) == recipes.modules_file()
+    expected = recipes.accuracy_demo_argv(MODEL, "/data/neuron-compiled/gpt-oss-120b-fp8-tp64-demo",
+                                          "/data/modules_to_not_convert.json", "/data/goldens/gpt-oss-120b-fp8-source.pt",
+                                          against_source=True)
+    assert demo == ["CHECKPOINT_FORMAT=normalized_fp8", "nxdi-gptoss-fp8", "inference-demo", *expected]
+    assert ast.literal_eval(demo[demo.index("--tol-map") + 1]) == recipes.SOURCE_REFERENCE_TOL_MAP
+    # the part before the accuracy step is the serving recipe, unchanged
+    plain = recipes.inference_demo_argv(MODEL, "/data/neuron-compiled/gpt-oss-120b-fp8-tp64-demo", "/data/modules_to_not_convert.json")
+    assert expected[:len(plain)] == plain
+
+
+def test_the_accuracy_pages_python_block_uses_the_recipes_tolerances() -> None:
+    tree = ast.parse(documents.code_block(ACCURACY_PAGE, "From Python", "python"))
+    call = next(node for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "check_accuracy_logits")
+    kwargs = {kw.arg: kw.value for kw in call.keywords}
+    assert ast.literal_eval(kwargs["tol_map"]) == recipes.SOURCE_REFERENCE_TOL_MAP
+    assert ast.literal_eval(kwargs["divergence_difference_tol"]) == recipes.SOURCE_REFERENCE_DIVERGENCE_TOL
+    assert ast.literal_eval(kwargs["num_tokens_to_check"]) == recipes.ACCURACY_TOKENS
+    text = (Path(__file__).resolve().parent.parent / "docs" / "accuracy.md").read_text()
+    for value in (json.dumps(recipes.SOURCE_REFERENCE_TOL_MAP).replace("[", "(").replace("]", ")"),
+                  f"--divergence-difference-tol {recipes.SOURCE_REFERENCE_DIVERGENCE_TOL}", fmt.REFERENCE_ENV, fmt.REFERENCE_ATTR):
+        assert value in text

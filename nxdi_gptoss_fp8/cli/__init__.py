@@ -27,6 +27,7 @@ from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, UsageErro
 from .convert import add_convert_command, add_verify_conversion_command
 from .env import add_doctor_command, add_env_command
 from .failure import NOTHING_WRITTEN, JsonAwareParser, interrupt_signals, interrupted_message, report_failure
+from .goldens import add_goldens_command
 from .make import add_demo_command, add_make_tiny_command
 from .nxdi import add_check_forward_command, add_inference_demo_command, add_selfcheck_command
 from .validate import add_inspect_command, add_validate_command
@@ -60,6 +61,7 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
     add_doctor_command(commands)
     add_selfcheck_command(commands)
     add_check_forward_command(commands)
+    add_goldens_command(commands)
     return parser
 
 

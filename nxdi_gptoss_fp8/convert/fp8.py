@@ -16,7 +16,7 @@ import torch
 from ..format import FP8_MAX
 
 __all__ = ["BLOCK_VALUES", "FP8_DTYPE", "MIN_NORMAL_SCALE", "DenseEncoder", "RequantError", "channel_scales", "column_amax",
-           "fp8_values", "quantize_expertwise"]
+           "dequantize_expertwise", "fp8_values", "quantize_expertwise"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 MIN_NORMAL_SCALE = torch.finfo(torch.float32).tiny  # 2^-126
@@ -42,6 +42,13 @@ def fp8_values(q: torch.Tensor, *, out: torch.Tensor | None = None, index: torch
         return _FP8_PAIRS.index_select(0, index).view(torch.float32).view(q.shape)
     torch.index_select(_FP8_PAIRS, 0, index, out=out.view(-1).view(torch.int64))
     return out.view(q.shape)
+
+
+def dequantize_expertwise(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 ``q × scale``: the values an expert-wise FP8 weight stands for (the inverse of
+    ``quantize_expertwise``). ``q`` [..., in, out] E4M3 bytes, ``scale`` [..., 1, out] float32;
+    each product is one float32 multiplication of two exact values."""
+    return fp8_values(q).mul_(scale.to(torch.float32))
 
 
 def channel_scales(amax: torch.Tensor) -> torch.Tensor:

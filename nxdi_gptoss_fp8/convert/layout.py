@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TILE", "chunk_halves", "chunk_interleaved", "pad_to", "place_down", "place_gate_up"]
+__all__ = ["TILE", "chunk_halves", "chunk_interleaved", "crop_to", "interleave_chunked", "pad_to", "place_down", "place_gate_up"]
 
 TILE = 64
 
@@ -20,6 +20,14 @@ def chunk_interleaved(values: torch.Tensor, padded: int, fill: float) -> torch.T
     out = torch.full((*values.shape[:-1], 2, padded), fill, dtype=values.dtype)
     out[..., :half] = values.reshape(*values.shape[:-1], half, 2).transpose(-1, -2)
     return out.reshape(*values.shape[:-1], 2 * padded)
+
+
+def interleave_chunked(values: torch.Tensor, half: int) -> torch.Tensor:
+    """The inverse of ``chunk_interleaved``: [..., 2I'] chunked ``[gate | pad | up | pad]`` →
+    [..., 2I] interleaved (even = gate, odd = up), the padding dropped; ``half`` is I."""
+    padded = values.shape[-1] // 2
+    gate, up = values[..., :half], values[..., padded:padded + half]
+    return torch.stack([gate, up], dim=-1).flatten(-2)
 
 
 def chunk_halves(gate: torch.Tensor, up: torch.Tensor, padded: int, fill: float) -> torch.Tensor:
@@ -37,6 +45,13 @@ def pad_to(values: torch.Tensor, shape: tuple[int, ...], fill: float = 0.0) -> t
     out = torch.full(shape, fill, dtype=values.dtype)
     out[tuple(slice(0, n) for n in values.shape)] = values
     return out
+
+
+def crop_to(values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The inverse of ``pad_to``: the leading ``shape`` of ``values`` (a view: the padding dropped)."""
+    if len(shape) != values.dim() or any(n > m for n, m in zip(shape, values.shape, strict=True)):
+        raise ValueError(f"cannot crop {tuple(values.shape)} to {tuple(shape)}")
+    return values[tuple(slice(0, n) for n in shape)]
 
 
 def place_gate_up(rows: torch.Tensor, out: torch.Tensor, first_row: int = 0) -> None:

@@ -53,7 +53,7 @@ from .verify_report import LayerRow, VerificationReport
 from .workers import LayerPool, peak_rss, plan_workers, refuse_in_worker_start
 
 __all__ = [
-    "LANES", "LayerVerdict", "logger", "source_mismatch_hint", "swapped_arguments_hint", "verify_conversion",
+    "LANES", "LayerVerdict", "logger", "recorded_source", "source_mismatch_hint", "swapped_arguments_hint", "verify_conversion",
     "verify_layer",
 ]
 
@@ -239,9 +239,10 @@ def swapped_arguments_hint(out: str | os.PathLike[str], source: str | os.PathLik
     return None
 
 
-def source_mismatch_hint(recorded: dict[str, Any], src: Source, given: str | None) -> str | None:
+def source_mismatch_hint(recorded: dict[str, Any], src: Source, given: str | None, *, out: str = "OUT",
+                         option: str = "--source") -> str | None:
     """When OUT's recorded ``source`` (format, Hub repo, path) disagrees with the source given:
-    one line naming what OUT says it was converted from."""
+    one line naming what OUT (``out``) says it was converted from, and that ``option`` takes it."""
     said = []
     if isinstance(recorded.get("format"), str) and recorded["format"] != src.kind:
         said.append(f"format {recorded['format']} (this source is {src.kind})")
@@ -262,8 +263,8 @@ def source_mismatch_hint(recorded: dict[str, Any], src: Source, given: str | Non
     if not said:
         return None
     revision = f" at {recorded['revision']}" if isinstance(recorded.get("revision"), str) else ""
-    return (f"hint: OUT records that it was converted from {'; '.join(said)}{revision}: pass that source with --source, "
-            "or check that OUT is the conversion you meant")
+    return (f"hint: {out} records that it was converted from {'; '.join(said)}{revision}: pass that source with {option}, "
+            f"or check that {out} is the conversion you meant")
 
 
 @dataclass
@@ -328,7 +329,7 @@ def _verify_layer_in_worker(layer: int) -> LayerVerdict:
     return verdict
 
 
-def _recorded_source(out_path: str) -> dict[str, Any]:
+def recorded_source(out_path: str) -> dict[str, Any]:
     """The ``source`` provenance the converter recorded in the output's index, if readable."""
     try:
         index = read_json(os.path.join(out_path, fmt.INDEX_FILE), fmt.INDEX_FILE)
@@ -364,7 +365,7 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
     swapped = swapped_arguments_hint(out_path, source)
     if swapped:
         raise ConversionError(swapped)
-    recorded = _recorded_source(out_path)
+    recorded = recorded_source(out_path)
     stated = recorded.get("gate_up_split") if recorded.get("format") == SOURCE_COMPRESSED_TENSORS else None
     # the split OUT records applies to a compressed-tensors source only: any other source given
     # gets the "OUT records …" hint, not a refusal of an option the user never passed

@@ -41,8 +41,8 @@ from ..safeio.json_file import read_json_file
 
 __all__ = [
     "CPU_EXTRA", "MODELING", "NEURON_ONLY_ROOTS", "NXD", "NXDI", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "SOURCE_ROOTS",
-    "TOOL_ERROR_LINES", "TORCHRUN_TIMEOUT_S", "ForwardPlan", "NxdiCpuAdaptations", "RunSpec", "environment", "fixed_plan",
-    "import_failure", "neuron_settings", "require_nxdi", "run_forward", "run_forwards", "source_roots_problem",
+    "TOOL_ERROR_LINES", "TORCHRUN_TIMEOUT_S", "ForwardPlan", "NxdiCpuAdaptations", "RunSpec", "cpu_application", "environment",
+    "fixed_plan", "import_failure", "neuron_settings", "require_nxdi", "run_forward", "run_forwards", "source_roots_problem",
 ]
 
 NXDI = "neuronx_distributed_inference"
@@ -370,15 +370,12 @@ def _hook_for(route: str) -> Iterator[None]:
             nxdi_hook.unregister()
 
 
-def run_forward(spec: RunSpec, plan: ForwardPlan, *, tp: int = 1) -> Any:
-    """NxDI's logits for ``plan`` from ``spec.checkpoint``: float32 [len(plan.positions), V].
-
-    Runs in this process; at tp > 1 it must be one of ``tp`` torchrun ranks (``run_forwards``
-    starts them). Raises ``CpuModelError`` when NxDI is missing.
-    """
+@contextlib.contextmanager
+def cpu_application(spec: RunSpec, plan: ForwardPlan, *, tp: int = 1) -> Iterator[Any]:
+    """NxDI's ``NeuronGptOssForCausalLM`` for ``spec.checkpoint`` moved to the CPU (``to_cpu`` with
+    ``NxdiCpuAdaptations``), sized for ``plan``; everything is undone on leaving. What
+    ``run_forward`` computes with, and what NxDI's accuracy check can be run on."""
     require_nxdi()
-    import torch
-
     modeling = importlib.import_module(MODELING)
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
@@ -389,7 +386,6 @@ def run_forward(spec: RunSpec, plan: ForwardPlan, *, tp: int = 1) -> Any:
     if spec.allow_custom_model:
         env[fmt.ALLOW_CUSTOM_ENV] = "1"
     adapt = NxdiCpuAdaptations(tp)
-    ids = torch.tensor([plan.tokens], dtype=torch.int64)
     with _environ(env), _hook_for(spec.route), warnings.catch_warnings(), adapt.stdout_to_stderr(), \
             adapt.process_group():
         warnings.simplefilter("ignore")
@@ -397,20 +393,35 @@ def run_forward(spec: RunSpec, plan: ForwardPlan, *, tp: int = 1) -> Any:
         config = modeling.GptOssInferenceConfig(neuron_config, load_config=load_pretrained_config(spec.checkpoint))
         app = modeling.NeuronGptOssForCausalLM(spec.checkpoint, config)
         adapt.move_to_cpu(app)
-        vocab = config.vocab_size  # a padded lm_head (lm_head_pad) must not widen the rows
-        rows = []
-        with torch.no_grad():
-            context = plan.context
-            out = app(input_ids=ids[:, :context], attention_mask=torch.ones(1, context, dtype=torch.int64),
-                      position_ids=torch.arange(context).unsqueeze(0), seq_ids=torch.tensor([0]))
+        try:
+            yield app
+        finally:
+            del app
+            gc.collect()  # NxDI's modules hold reference cycles: free the model before the caller's next one
+
+
+def run_forward(spec: RunSpec, plan: ForwardPlan, *, tp: int = 1) -> Any:
+    """NxDI's logits for ``plan`` from ``spec.checkpoint``: float32 [len(plan.positions), V].
+
+    Runs in this process; at tp > 1 it must be one of ``tp`` torchrun ranks (``run_forwards``
+    starts them). Raises ``CpuModelError`` when NxDI is missing.
+    """
+    require_nxdi()
+    import torch
+
+    ids = torch.tensor([plan.tokens], dtype=torch.int64)
+    rows = []
+    with cpu_application(spec, plan, tp=tp) as app, torch.no_grad():
+        vocab = app.config.vocab_size  # a padded lm_head (lm_head_pad) must not widen the rows
+        context = plan.context
+        out = app(input_ids=ids[:, :context], attention_mask=torch.ones(1, context, dtype=torch.int64),
+                  position_ids=torch.arange(context).unsqueeze(0), seq_ids=torch.tensor([0]))
+        rows.append(out.logits[0, -1, :vocab].float().clone())
+        for pos in range(context, len(plan.tokens) - 1):
+            # a token step's mask covers the tokens before it (NxDI's hf_adapter convention)
+            out = app(input_ids=ids[:, pos:pos + 1], attention_mask=torch.ones(1, pos, dtype=torch.int64),
+                      position_ids=torch.tensor([[pos]]), seq_ids=torch.tensor([0]))
             rows.append(out.logits[0, -1, :vocab].float().clone())
-            for pos in range(context, len(plan.tokens) - 1):
-                # a token step's mask covers the tokens before it (NxDI's hf_adapter convention)
-                out = app(input_ids=ids[:, pos:pos + 1], attention_mask=torch.ones(1, pos, dtype=torch.int64),
-                          position_ids=torch.tensor([[pos]]), seq_ids=torch.tensor([0]))
-                rows.append(out.logits[0, -1, :vocab].float().clone())
-        del app
-    gc.collect()  # NxDI's modules hold reference cycles: free the model before the caller's next one
     return torch.stack(rows)
 
 

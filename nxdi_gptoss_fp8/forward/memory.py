@@ -23,7 +23,8 @@ from typing import Any
 from .. import format as fmt
 from ..units import format_bytes
 
-__all__ = ["BLOCK_SIZE", "MARGIN", "PROCESS_BYTES", "MemoryNeed", "check_memory", "forward_memory"]
+__all__ = ["BLOCK_SIZE", "MARGIN", "PROCESS_BYTES", "MemoryNeed", "ReferenceNeed", "check_memory", "forward_memory",
+           "reference_memory", "require_memory"]
 
 PROCESS_BYTES = 900 << 20  # the interpreter with torch, NxDI, NxD and transformers imported
 MARGIN = 1.15
@@ -80,13 +81,53 @@ def check_memory(need: MemoryNeed, available: tuple[int | None, str] | None = No
     """A line saying what the check needs and what the host offers; ``CpuModelError`` (one line)
     when the host offers less (``available`` defaults to ``machine.available_memory()``:
     MemAvailable, or the memory cgroup's headroom when smaller)."""
+    return require_memory(need.total, need.render(), "free memory or check fewer layers (--layers)", available)
+
+
+def require_memory(total: int, what: str, fix: str, available: tuple[int | None, str] | None = None) -> str:
+    """``needs WHAT; HOST offers N`` when the host offers ``total`` bytes, else ``CpuModelError``
+    (one line ending with ``fix``)."""
     from ..errors import CpuModelError
     from ..machine import available_memory
 
     offered, where = available if available is not None else available_memory()
     if offered is None:
-        return f"needs {need.render()}; the host's free memory is unknown"
-    if need.total > offered:
-        raise CpuModelError(f"needs {need.render()}, and {where} offers {format_bytes(offered)}: "
-                            f"free memory or check fewer layers (--layers)")
-    return f"needs {need.render()}; {where} offers {format_bytes(offered)}"
+        return f"needs {what}; the host's free memory is unknown"
+    if total > offered:
+        raise CpuModelError(f"needs {what}, and {where} offers {format_bytes(offered)}: {fix}")
+    return f"needs {what}; {where} offers {format_bytes(offered)}"
+
+
+@dataclass(frozen=True)
+class ReferenceNeed:
+    """The memory of a transformers reference built for NxDI's accuracy check: the model in its
+    dtype, and what building one layer adds (one expert in float32, the layer's stored bytes)."""
+
+    total: int
+    model: int
+    per_layer: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def render(self) -> str:
+        return (f"about {format_bytes(self.total)} (the reference model {format_bytes(self.model)}, "
+                f"{format_bytes(self.per_layer)} more while a layer is built)")
+
+
+def reference_memory(dims: fmt.ModelDims, itemsize: int, layers: int | None = None) -> ReferenceNeed:
+    """What a transformers ``GptOssForCausalLM`` of ``dims`` (its first ``layers`` layers) in a
+    dtype of ``itemsize`` bytes needs, built one layer at a time: its parameters (the unpadded
+    namespace without scales), the process, and the largest layer step — one expert's
+    projections dequantized to float32 and the layer's stored experts (at most a byte a value)."""
+    unpadded = fmt.Layout.unpadded(dims)
+    count = dims.num_hidden_layers if layers is None else layers
+    kept = [spec for spec in fmt.expected_namespace(unpadded).values()
+            if not spec.name.endswith(".scale") and (not spec.name.startswith("layers.")
+                                                      or int(spec.name.split(".")[1]) < count)]
+    model = sum(itemsize * spec.numel for spec in kept)
+    h, i = dims.hidden_size, dims.intermediate_size
+    per_expert = h * 2 * i + i * h
+    per_layer = 2 * F32 * per_expert + dims.num_local_experts * per_expert
+    total = int((PROCESS_BYTES + model + per_layer) * MARGIN)
+    return ReferenceNeed(total, model, int(per_layer * MARGIN))

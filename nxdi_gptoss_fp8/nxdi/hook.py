@@ -14,9 +14,10 @@ into a recompile.
 The opt-in can also live in NxDI's config: ``neuron_config.checkpoint_format =
 "normalized_fp8"``. NxDI's ``NeuronConfig.__init__`` drops unknown keyword arguments with only a
 warning, so ``GptOssNeuronConfig.__init__`` is wrapped to keep that keyword and the two load-time
-choices (``normalized_fp8_verify_at_load``, ``normalized_fp8_load_mode``) as attributes, which
-NxDI's ``neuron_config.json`` round trip keeps. Pre-sharded weights: ``shard_weights`` and
-``load_weights`` are wrapped by ``nxdi.presharded``.
+choices (``normalized_fp8_verify_at_load``, ``normalized_fp8_load_mode``) and the accuracy
+reference (``normalized_fp8_reference``) as attributes, which NxDI's ``neuron_config.json``
+round trip keeps. Pre-sharded weights: ``shard_weights`` and ``load_weights`` are wrapped by
+``nxdi.presharded``; ``load_hf_model`` (NxDI's accuracy check) by ``nxdi.accuracy``.
 
 Importing this module does not import NxDI; ``register()`` does.
 """
@@ -42,6 +43,7 @@ from ..errors import CheckpointFormatError, LoadError, PreflightError, Registrat
 from ..validate.findings import PreflightReport
 from ..validate.nxdi_config import config_attr, neuron_config_view
 from ..validate.pipeline import allow_custom_from_env, preflight
+from .accuracy import ConfigAwareStaticMethod, wrap_load_hf_model
 from .presharded import SHARD_SOURCES, fingerprint_or_none, record_source, wrap_load_weights, wrap_shard_weights
 from .recipes import vllm_hint
 
@@ -52,7 +54,7 @@ ENV_VAR = "CHECKPOINT_FORMAT"
 CONFIG_ATTR = "checkpoint_format"
 # the NeuronConfig keywords NxDI would drop and the hook keeps as attributes (the opt-in and the
 # load-time choices), so they survive NxDI's config JSON round trip
-KEPT_ATTRS = (CONFIG_ATTR, fmt.VERIFY_AT_LOAD_ATTR, fmt.LOAD_MODE_ATTR)
+KEPT_ATTRS = (CONFIG_ATTR, fmt.VERIFY_AT_LOAD_ATTR, fmt.LOAD_MODE_ATTR, fmt.REFERENCE_ATTR)
 NXDI_PACKAGE = "neuronx_distributed_inference"
 MODELING_MODULE = f"{NXDI_PACKAGE}.models.gpt_oss.modeling_gpt_oss"
 CONSTANTS_MODULE = f"{NXDI_PACKAGE}.utils.constants"
@@ -241,20 +243,6 @@ def _wrap_convert(func: Callable[..., Any]) -> Callable[..., Any]:
     return convert_hf_to_neuron_state_dict
 
 
-def _wrap_load_hf_model(func: Callable[..., Any]) -> Callable[..., Any]:
-    def load_hf_model(*args: Any, **kwargs: Any) -> Any:
-        if not normalized_mode(None):
-            return func(*args, **kwargs)
-        path = args[0] if args else kwargs.get("model_path")
-        raise LoadError(
-            f"load_hf_model({path!r}): {ENV_VAR}={NORMALIZED_FP8} loads a normalized FP8 checkpoint "
-            "directory through get_state_dict, there is no Hugging Face model to build; pass the "
-            f"checkpoint directory, or unset {ENV_VAR} to load an HF model"
-        )
-
-    return load_hf_model
-
-
 def _wrap_save_quantized(func: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(func)
 
@@ -306,12 +294,14 @@ class _Patch:
     kind: type  # classmethod, staticmethod or function (a plain method)
     params: tuple[str, ...]  # the parameter names we rely on, in order
     wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None  # None: relied upon, not wrapped
+    installed_as: type | None = None  # the descriptor the wrapper is installed as (default: ``kind``)
 
 
 _PATCHES = (
     _Patch("app", "get_state_dict", classmethod, ("cls", "model_name_or_path", "config"), _wrap_get_state_dict),
     _Patch("app", "convert_hf_to_neuron_state_dict", staticmethod, ("state_dict", "config"), _wrap_convert),
-    _Patch("app", "load_hf_model", staticmethod, ("model_path",), _wrap_load_hf_model),
+    _Patch("app", "load_hf_model", staticmethod, ("model_path",),  # installed seeing the instance's config
+           functools.partial(wrap_load_hf_model, is_normalized=normalized_mode), ConfigAwareStaticMethod),
     _Patch("app", "save_quantized_state_dict", classmethod, ("cls", "model_path", "config"), _wrap_save_quantized),
     _Patch("app", "generate_quantized_state_dict", classmethod, ("cls", "model_path", "config"), _wrap_generate_quantized),
     _Patch("app", "checkpoint_loader_fn", type(lambda: None), ("self", "mmap"), None),
@@ -362,7 +352,8 @@ def _install(owner: type, patch: _Patch) -> None:
     wrapper = patch.wrap(func)  # type: ignore[misc]
     functools.update_wrapper(wrapper, func)
     setattr(wrapper, _MARK, original)
-    setattr(owner, patch.name, patch.kind(wrapper) if patch.kind in (classmethod, staticmethod) else wrapper)
+    kind = patch.installed_as or patch.kind
+    setattr(owner, patch.name, kind(wrapper) if patch.kind in (classmethod, staticmethod) else wrapper)
 
 
 def _installed_wrapper(owner: type, name: str) -> Any:

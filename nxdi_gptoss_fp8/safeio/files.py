@@ -13,6 +13,7 @@ byte is read. ``read_bounded`` is the one reader of a whole small file: bounded,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import BinaryIO
 
 from ..errors import FileTooLargeError, NotRegularFileError
 
-__all__ = ["FileIdentity", "file_kind", "not_regular_reason", "open_regular", "read_bounded"]
+__all__ = ["FileIdentity", "file_kind", "not_regular_reason", "open_regular", "read_bounded", "write_atomically"]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -144,3 +145,28 @@ def read_bounded(path: str | os.PathLike[str], limit: int, *,
         raise FileTooLargeError(f"{os.fspath(path)} grew above the {limit:,}-byte limit while it was read",
                                 size=len(raw), limit=limit, grew=True)
     return raw, identity
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: a hidden temporary file beside it, synced, then
+    renamed over it (and the directory synced); the temporary file is removed on any failure."""
+    directory = os.path.dirname(path)
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # a file system without directory fsync: the rename itself is atomic

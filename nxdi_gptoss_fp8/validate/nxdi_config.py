@@ -32,8 +32,8 @@ __all__ = [
     "BOOLEAN_NEURON_CONFIG_KEYS", "KNOWN_NEURON_CONFIG_KEYS", "MAX_CONFIG_FILE_SIZE", "MAX_DIMENSION",
     "MAX_EXCLUSION_WORK", "SWITCH_OFF", "SWITCH_ON", "Problem", "bounded_int", "config_attr",
     "describe", "has_model_fields", "model_config_problems", "model_part",
-    "neuron_config_problems", "neuron_config_view", "parse_load_mode", "parse_switch", "parse_verify_at_load",
-    "read_config_file", "switch_from_env", "unknown_key_problems",
+    "neuron_config_problems", "neuron_config_view", "parse_load_mode", "parse_reference", "parse_switch", "parse_verify_at_load",
+    "read_config_file", "reference_choice", "switch_from_env", "unknown_key_problems",
 ]
 
 MAX_DIMENSION = fmt.MAX_DIMENSION
@@ -46,7 +46,7 @@ MAX_NEAREST_SEARCHES = 100  # unknown keys given a "did you mean" (a JSON may ho
 # NxDI with only a log line, so the preflight warns and names the nearest known key.
 KNOWN_NEURON_CONFIG_KEYS: frozenset[str] = frozenset(["activation_quantization_type", "allow_input_truncation", "apply_seq_ids_mask", "async_mode", "attention_dp_degree", "attention_dtype", "attn_block_cte_nki_kernel_enabled", "attn_block_tkg_nki_kernel_cache_update", "attn_block_tkg_nki_kernel_cascaded_attention", "attn_block_tkg_nki_kernel_disable_gpsimd_sb2sb", "attn_block_tkg_nki_kernel_enabled", "attn_block_tkg_nki_kernel_use_online_softmax", "attn_cls", "attn_kernel_enabled", "attn_tkg_builtin_kernel_enabled", "attn_tkg_nki_kernel_enabled", "batch_size", "bucket_n_active_tokens", "buckets", "cast_type", "cc_pipeline_tiling_factor", "chunked_prefill_config", "context_encoding_buckets", "cp_degree", "ctx_batch_size", "disable_argmax_kernel", "disable_kv_cache_tiling", "disable_numeric_cc_token", "dma_order_config", "draft_model_modules_to_not_convert", "eagle_rolling_buffer_kernel_enabled", "enable_bucketing", "enable_cte_modular_flow", "enable_eagle_draft_input_norm", "enable_eagle_speculation", "enable_fused_speculation", "enable_long_context_mode", "enable_output_completion_notifications", "enable_spill_reload_dge", "enable_token_tree", "enable_ve_data_parallel", "ep_degree", "ep_dispatch_cc_option", "expert_mlp_nki_kernel_enabled", "flash_decoding_enabled", "fused_qkv", "fused_rmsnorm_skip_gamma", "is_block_kv_layout", "is_chunked_prefill", "is_continuous_batching", "is_eagle3", "is_eagle_draft", "is_full_model_shuffled", "is_hidden_dim_shuffled", "is_intermediate_dim_shuffled", "is_medusa", "is_mxfp4_compute", "is_prefill_stage", "is_prefix_caching", "k_cache_transposed", "kv_cache_batch_size", "kv_cache_padding_size", "kv_cache_quant", "kv_cache_tiling", "kv_cache_update_with_kernel", "kv_quant_config", "layer_boundary_markers", "lm_head_pad", "lm_head_pad_alignment_size", "local_ranks_size", "logical_nc_config", "logical_neuron_cores", "lora_config", "max_batch_size", "max_context_length", "max_length", "max_new_tokens", "medusa_speculation_length", "medusa_tree", "mlp_cp_degree", "mlp_kernel_enabled", "mlp_kernel_fuse_residual_add", "mlp_tkg_nki_kernel_enabled", "modules_to_not_convert", "moe_fused_nki_kernel_enabled", "n_active_tokens", "n_positions", "num_medusa_heads", "on_cpu", "on_device_sampling_config", "out_proj_kernel_enabled", "output_logits", "overrides_torch_dtype", "pa_block_size", "pa_num_blocks", "padded_hidden_size", "padded_intermediate_size", "padding_side", "pp_degree", "pre_rope_rmsnorm", "prefix_buckets", "qk_layernorm", "qkv_cte_nki_kernel_fuse_rope", "qkv_kernel_enabled", "qkv_kernel_fuse_residual_add", "qkv_kernel_nbsd_layout", "qkv_nki_kernel_enabled", "quantization_block_axis", "quantization_block_size", "quantization_dtype", "quantization_scale_dtype", "quantization_type", "quantize_clamp_bound", "quantized", "quantized_checkpoints_path", "quantized_mlp_kernel_enabled", "rmsnorm_quantize_kernel_enabled", "router_topk_nki_kernel_enabled", "rpl_reduce_dtype", "save_sharded_checkpoint", "scratchpad_page_size", "seq_len", "seq_len_threshold_for_cc_tiling", "sequence_parallel_enabled", "shared_mlp_nki_kernel_enabled", "skip_sharding", "skip_warmup", "spec_batch_size", "speculation_length", "start_rank_id", "strided_context_parallel_kernel_enabled", "switch_cc", "target", "tensor_capture_config", "tensor_replacement_config", "tile_cc", "tkg_batch_size", "token_generation_batches", "token_generation_buckets", "token_tree_config", "torch_dtype", "tp_degree", "vocab_parallel", "weight_gather_seq_len_threshold", "weights_to_skip_layout_optimization", "windowed_context_encoding_size", "world_size", "blockwise_matmul_config", "capacity_factor", "disable_normalize_top_k_affinities", "early_expert_affinity_modulation", "fused_shared_experts", "gate_clamp_lower_limit", "gate_clamp_upper_limit", "glu_mlp", "glu_type", "hidden_act_bias", "hidden_act_scaling_factor", "hybrid_sharding_config", "moe_ep_degree", "moe_mask_padded_tokens", "moe_tp_degree", "normalize_top_k_affinities", "return_expert_index", "return_router_logits", "router_act_fn", "router_config", "router_dtype", "shared_experts_sequence_parallel_enabled", "transpose_shared_experts_weights", "up_clamp_lower_limit", "up_clamp_upper_limit", "use_index_calc_kernel", "sliding_window_attention_dp_degree", "checkpoint_format"]) | {
     # this package's own load options, which the hook reads from the NeuronConfig
-    fmt.VERIFY_AT_LOAD_ATTR, fmt.LOAD_MODE_ATTR,
+    fmt.VERIFY_AT_LOAD_ATTR, fmt.LOAD_MODE_ATTR, fmt.REFERENCE_ATTR,
 }
 
 
@@ -309,6 +309,46 @@ def parse_load_mode(value: Any) -> str | None:
     raise ValueError(f"is not a load mode: set it to one of {', '.join(fmt.LOAD_MODES)}")
 
 
+def parse_reference(value: Any) -> str | None:
+    """The accuracy reference from an environment or ``neuron_config`` value (None or empty: not
+    set): ``dequantized``, or a path (it holds a ``/``) to the HF source the checkpoint was
+    converted from; whether that path is the recorded source is decided when it is read.
+
+    Raises ``ValueError`` (naming what is accepted, and ``dequantized`` for a near miss) otherwise.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str) and value.strip().lower() == fmt.REFERENCE_DEQUANTIZED:
+        return fmt.REFERENCE_DEQUANTIZED
+    if isinstance(value, str) and (os.sep in value or "/" in value):
+        return value.strip()
+    near = isinstance(value, str) and difflib.get_close_matches(value.strip().lower()[:80], [fmt.REFERENCE_DEQUANTIZED], cutoff=0.6)
+    hint = f" (did you mean {fmt.REFERENCE_DEQUANTIZED!r}?)" if near else ""
+    raise ValueError(f"is not a reference{hint}: set it to {fmt.REFERENCE_DEQUANTIZED} (the checkpoint's own FP8 × scale) "
+                     "or to the path of the HF checkpoint it was converted from, e.g. /data/models/gpt-oss-120b")
+
+
+def reference_choice(config: Any = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The accuracy reference asked for by ``NXDI_GPTOSS_FP8_REFERENCE`` and/or
+    ``neuron_config.normalized_fp8_reference`` (None: neither is set). ``ConfigError`` (one line,
+    naming the setting) for a value ``parse_reference`` refuses, or for two that disagree."""
+    env = os.environ if environ is None else environ
+    nc = neuron_config_view(config) if config is not None else None
+    choices = {}
+    for source, value in ((fmt.REFERENCE_ENV, env.get(fmt.REFERENCE_ENV)),
+                          (f"neuron_config.{fmt.REFERENCE_ATTR}", config_attr(nc, fmt.REFERENCE_ATTR) if nc is not None else None)):
+        try:
+            choice = parse_reference(value)
+        except ValueError as exc:
+            raise ConfigError(f"{source}={describe(value)} {exc}") from None
+        if choice is not None:
+            choices[source] = choice
+    if len(set(choices.values())) > 1:
+        raise ConfigError(" contradicts ".join(f"{source}={choice!r}" for source, choice in choices.items())
+                          + ": set one of them, or both to the same reference")
+    return next(iter(choices.values()), None)
+
+
 def neuron_config_problems(nc: Any, *, dims: fmt.ModelDims | None, layout: fmt.Layout | None,
                            stored_padding: Mapping[str, Any]) -> list[Problem]:
     """The ``neuron_config`` rules (docs/format.md) for a NeuronConfig object or its JSON mapping.
@@ -361,7 +401,8 @@ def neuron_config_problems(nc: Any, *, dims: fmt.ModelDims | None, layout: fmt.L
         wanted = raw or base
         if base is not None and bounded_int(stored) is not None and wanted != stored:
             add("padding_mismatch", f"{attr} is {wanted} at runtime but the checkpoint was written for {stored}: set {attr}={stored} or re-convert with --{attr.replace('_', '-')} {wanted}", attr)
-    for attr, parse in ((fmt.VERIFY_AT_LOAD_ATTR, parse_verify_at_load), (fmt.LOAD_MODE_ATTR, parse_load_mode)):
+    for attr, parse in ((fmt.VERIFY_AT_LOAD_ATTR, parse_verify_at_load), (fmt.LOAD_MODE_ATTR, parse_load_mode),
+                        (fmt.REFERENCE_ATTR, parse_reference)):
         value = config_attr(nc, attr)
         try:
             parse(value)

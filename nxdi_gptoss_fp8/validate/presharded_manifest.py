@@ -12,7 +12,6 @@ do. Stdlib only.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -28,7 +27,7 @@ from .._version import __version__
 from ..errors import FileTooLargeError, IntegrityError
 from ..machine import usable_cpus
 from ..progress import Progress
-from ..safeio.files import FileIdentity, open_regular, read_bounded
+from ..safeio.files import FileIdentity, open_regular, read_bounded, write_atomically
 from ..safeio.hashing import hash_files
 from ..safeio.json_file import JsonFileError, read_json_file
 from ..safeio.safetensors_header import PREFIX_SIZE, HeaderError, parse_header_bytes, read_header_bytes
@@ -413,7 +412,7 @@ def write_manifest(compiled_dir: str, *, ranks: Iterable[int], config: Any, sour
         ranks=entries, settings=shard_settings(config), sources=list(sources), sample_blocks=blocks,
         written_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
-    _write_atomically(manifest_path(compiled_dir), json.dumps(manifest.to_dict(), indent=1).encode("utf-8"))
+    write_atomically(manifest_path(compiled_dir), json.dumps(manifest.to_dict(), indent=1).encode("utf-8"))
     return manifest
 
 
@@ -423,24 +422,3 @@ def _samples_separate(samples: Mapping[int, str], digests: Mapping[int, str]) ->
     return all(by_sample.setdefault(sample, digests[rank]) == digests[rank] for rank, sample in samples.items())
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    directory = os.path.dirname(path)
-    temporary = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass  # a file system without directory fsync: the rename itself is atomic
