@@ -5,9 +5,33 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .. import format as fmt
+from ..nxdi import recipes
 from ._shared import UsageError, print_report
+from .help import Example
 
-__all__ = ["add_doctor_command", "add_env_command"]
+__all__ = ["DOCTOR_EXAMPLES", "ENV_EXAMPLES", "add_doctor_command", "add_env_command"]
+
+ENV_EXAMPLES = (
+    Example("where this host's Python, torch, transformers, NxDI, NxD and vLLM stand in the tested matrix",
+            "nxdi-gptoss-fp8 env"),
+    Example("the same as JSON, e.g. to attach to a bug report", "nxdi-gptoss-fp8 env --json"),
+)
+
+def _doctor_recipe_example() -> str:
+    """The README's vLLM recipe (``nxdi.recipes``) for gpt-oss-120b, its serve command given to doctor."""
+    dims = fmt.PROFILES[fmt.PROFILE_120B]
+    *exports, serve = recipes.vllm_command("/data/models/gpt-oss-120b-fp8", "/data/neuron-compiled/gpt-oss-120b-fp8-tp64",
+                                           "/data/tiktoken", dims.hidden_size, dims.intermediate_size).split("\n", 3)
+    return "\n".join([*exports, f"nxdi-gptoss-fp8 doctor -- {serve}"])
+
+
+DOCTOR_EXAMPLES = (
+    Example("the settings and the serve command of the vLLM recipe, checked before the server starts",
+            _doctor_recipe_example()),
+    Example("the environment only (CHECKPOINT_FORMAT, NEURON_COMPILED_ARTIFACTS, TIKTOKEN_ENCODINGS_BASE), as JSON",
+            "nxdi-gptoss-fp8 doctor --json"),
+)
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -28,6 +52,7 @@ def add_env_command(commands: Any) -> None:
                     "(with the reason and the way forward) or not installed. Also tells which vLLM Neuron plugin is "
                     "installed (the NxDI-backed one, or the newer one that does not use NxDI) and states the NxDI "
                     "support window. Exit 0, or 1 when an installed component is unsupported.",
+        examples=ENV_EXAMPLES,
     )
     env.add_argument("--json", action="store_true", help="print the report as JSON")
     env.set_defaults(handler=_cmd_env)
@@ -54,9 +79,10 @@ def add_doctor_command(commands: Any) -> None:
                     "--additional-config key (override_neuron_config, not override-neuron-config) and every FP8 key "
                     "in it, the model given as a local directory (not a Hub id), CHECKPOINT_FORMAT, "
                     "NEURON_COMPILED_ARTIFACTS set and outside the checkpoint, and Harmony's o200k_base.tiktoken in "
-                    "TIKTOKEN_ENCODINGS_BASE with the SHA-256 Harmony checks. Pass the serve command after --, e.g. "
-                    "nxdi-gptoss-fp8 doctor -- vllm serve /data/models/x --additional-config '{...}'; without it only "
-                    "the environment is checked. One line per finding, each with its fix. Exit 0, or 1 on any error.",
+                    "TIKTOKEN_ENCODINGS_BASE with the SHA-256 Harmony checks. Pass the serve command after --; "
+                    "without one only the environment is checked. One line per finding, each with its fix. Exit 0, "
+                    "or 1 on any error.",
+        examples=DOCTOR_EXAMPLES,
     )
     doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
     doctor.add_argument("serve_command", nargs=argparse.REMAINDER, metavar="-- vllm serve MODEL ...",
