@@ -27,7 +27,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
-from ..validate.findings import printable
+from ..units import printable
 
 __all__ = [
     "ERROR_KINDS", "EXIT_INTERRUPTED", "NOTHING_WRITTEN", "JsonAwareParser", "Terminated", "error_document", "interrupt_signals",

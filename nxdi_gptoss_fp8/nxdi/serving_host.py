@@ -64,7 +64,7 @@ class HostFinding:
     message: str
 
     def render(self) -> str:
-        from ..validate.findings import printable
+        from ..units import printable
 
         return printable(f"{self.severity.upper()} {self.code} [{self.setting}]: {self.message}")
 
