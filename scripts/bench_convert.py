@@ -44,19 +44,24 @@ case ``--repeat`` times in a fresh process:
 with the load average before and after (the machine may be shared), and peak RSS of the main
 process and of the busiest worker process.
 
-With ``--numpy`` it measures instead each source kind (hf-bf16, hf-mxfp4, compressed-tensors)
-against ``scripts/numpy_encoder.py``, an independent numpy encoder written from docs/format.md,
-on one layer of gpt-oss-120b shapes with ``--experts`` experts (default 16): the baseline's
-output is first compared byte for byte with ours on the whole of layer 0, then, ``--repeat``
-times (default 3) interleaved, each in a fresh process: our ``convert()``, the baseline's
-convert (read, encode, write in order hashing while it writes, fsync), ``verify_conversion()``,
-and the encoding alone (layer 0 in memory, one thread) by each; it prints the medians in GB of
-FP8 per CPU-second (user + system from the OS, every thread and worker process of the call),
-the ratios, and verify-conversion / convert in CPU and wall time.
+With ``--baseline-dir DIR`` it measures instead each source kind (hf-bf16, hf-mxfp4,
+compressed-tensors) against an independent baseline: ``DIR/ref_convert.py``, a plain numpy
+converter written apart from this project from the format document, one thread, reading through
+memory maps, writing one safetensors file, no hashing, no fsync. It is not part of this
+repository: DIR is the shared ``bench/`` folder kept beside it (``../shared/bench`` from the
+repository's root); without it the script says so and stops. On ``--layers`` (default 2) layers of
+gpt-oss-120b shapes (H = I = 2880) with ``--experts`` experts (default 16), the baseline's output
+is first compared byte for byte with ours (every tensor it writes), then ``--repeat`` times
+(default 3), interleaved, each in a fresh process: our ``convert()`` with the shards hashed at
+commit (as always), the same without that hashing, the baseline, ``verify_conversion()``, and
+the encoding alone (layer 0 in memory, one thread) by each; it prints the medians in GB of FP8
+per CPU-second (user + system from the OS, every thread and worker process of the call; the
+baseline's own ``cpu_s``), the ratios, every run's rate, and verify-conversion / convert in CPU
+and wall time.
 
     NXDI_SRC=/path/to/neuronx-distributed-inference python scripts/bench_convert.py [--layers 1 2]
     python scripts/bench_convert.py --layers 2 --workers 1 2 [--repeat 3]
-    python scripts/bench_convert.py --numpy [--experts 16] [--repeat 3]
+    python scripts/bench_convert.py --baseline-dir ../shared/bench [--layers 2] [--experts 16] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -250,7 +255,7 @@ def _vm_hwm_mb() -> float:
     return float("nan")
 
 
-def child_convert(src: str, out: str, workers: str = "", forced: str = "") -> dict:
+def child_convert(src: str, out: str, workers: str = "", forced: str = "", hashing: str = "1") -> dict:
     from nxdi_gptoss_fp8.convert import convert, pipeline
     from nxdi_gptoss_fp8.convert.workers import WorkerPlan, process_bytes
     from nxdi_gptoss_fp8.validate.pipeline import preflight
@@ -274,16 +279,22 @@ def child_convert(src: str, out: str, workers: str = "", forced: str = "") -> di
         return commit(self, *args, **kwargs)
 
     CheckpointWriter.commit = measured_commit  # type: ignore[method-assign]
+    if hashing == "0":  # the shards not hashed at commit (no shard_sha256 recorded): the cost of the hashing
+        init = CheckpointWriter.__init__
+
+        def unhashed_init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            init(self, *args, **{**kwargs, "record_sha256": False})
+
+        CheckpointWriter.__init__ = unhashed_init  # type: ignore[method-assign]
     started, cpu = time.perf_counter(), _cpu_seconds()
     report = convert(src, out, progress=False, overwrite=True, workers=int(workers) if workers else None)
-    elapsed = time.perf_counter() - started
+    elapsed, call_cpu = time.perf_counter() - started, _cpu_seconds() - cpu
     valid = preflight(out, allow_custom_model=True).ok
     return {"seconds": elapsed, "fp8_bytes": report.fp8_bytes, "values": report.fp8_values,
             "bytes": report.bytes_written, "inexact": report.inexact_values, "max_rel_error": report.max_rel_error,
             "peak_rss_mb": _peak_rss_mb(), "streaming_peak_rss_mb": streaming_peak[0], "valid": valid,
             "worker_peak_rss_mb": _children_peak_rss_mb(), "cpu_seconds": _cpu_seconds(), "plan": report.workers,
-            "call_cpu_seconds": _cpu_seconds() - cpu,
-            "stream_seconds": streamed[0]}
+            "call_cpu_seconds": call_cpu, "stream_seconds": streamed[0]}
 
 
 def child_verify(src: str, out: str, workers: str = "") -> dict:
@@ -359,11 +370,24 @@ def child_baseline(src: str, rows_per_chunk: int) -> dict:
             "label": label}
 
 
-# --------------------------------------------------------------------------- the numpy baseline (--numpy)
+# --------------------------------------------------------------------------- the independent baseline (--baseline-dir)
 
-NUMPY_KINDS = (SOURCE_BF16, SOURCE_MXFP4, SOURCE_COMPRESSED_TENSORS)
-NUMPY_EXPERTS = 16
+BASELINE_KINDS = (SOURCE_BF16, SOURCE_MXFP4, SOURCE_COMPRESSED_TENSORS)
+BASELINE_EXPERTS = 16
+BASELINE_FILES = ("ref_convert.py", "ref_encode.py", "common.py")
 PROJECTIONS = ((fmt.GATE_UP, "gate_up"), (fmt.DOWN, "down"))
+
+
+def checked_baseline_dir(path: str) -> str:
+    """``--baseline-dir``: the folder holding the independent numpy converter, or a one-line exit saying how to get it."""
+    folder = os.path.abspath(path)
+    absent = [name for name in BASELINE_FILES if not os.path.isfile(os.path.join(folder, name))]
+    if absent:
+        raise SystemExit(f"--baseline-dir {path}: {', '.join(absent)} not there. The independent baseline (a plain "
+                         "numpy converter written apart from this project, byte-identical output) is not part of this "
+                         "repository: it is the shared bench/ folder kept beside it (../shared/bench from the "
+                         "repository's root); pass the path of that folder, or of a copy of it")
+    return folder
 
 
 def _own_cpu_seconds() -> float:
@@ -372,7 +396,7 @@ def _own_cpu_seconds() -> float:
 
 
 def _expert_arrays(kind: str, files: Any, layer: int, short: str, expert: int) -> dict[str, Any]:
-    """One expert's source arrays for ``numpy_encoder.encode_expert`` (``files(name)``: the array)."""
+    """One expert's source arrays (``files(name)``: the array, numpy, BF16 as uint16 bits)."""
     fused = f"model.layers.{layer}.mlp.experts."
     if kind == SOURCE_BF16:
         return {"weight": files(f"{fused}{short}_proj")[expert]}
@@ -387,96 +411,64 @@ def _expert_arrays(kind: str, files: Any, layer: int, short: str, expert: int) -
     return arrays
 
 
-def _numpy_reader(root: str) -> Any:
-    from numpy_encoder import SafetensorsFile
+def _baseline_modules(baseline: str) -> Any:
+    """The baseline's ``ref_convert`` module (its ``ref_encode`` as ``.enc``), imported from its folder."""
+    sys.path.insert(0, baseline)
+    import ref_convert
 
-    with open(os.path.join(root, fmt.INDEX_FILE)) as handle:
-        weight_map = json.load(handle)["weight_map"]
-    opened: dict[str, SafetensorsFile] = {}
-
-    def get(name: str) -> Any:
-        shard = weight_map[name]
-        if shard not in opened:
-            opened[shard] = SafetensorsFile(os.path.join(root, shard))
-        return opened[shard].get(name)
-
-    return get
+    return ref_convert
 
 
-def child_numpy(kind: str, src: str, ours: str, target: str, check: str) -> dict:
-    """The numpy baseline: with ``check`` "1", layer 0's experts compared byte for byte with our
-    output (nothing timed); else every expert encoded, written in order to ``target`` and hashed
-    while written, fsynced (what a plain converter does), with this process's CPU seconds."""
-    import hashlib
-
-    import numpy as np
-    from numpy_encoder import encode_expert
-
-    source, output = _numpy_reader(src), _numpy_reader(ours)
+def _expert_shapes(src: str) -> tuple[dict[str, tuple[int, int, int]], int]:
+    """({projection: [E, rows, cols]} of the output's FP8 experts, I) of an unpadded conversion of ``src``."""
     with open(os.path.join(src, fmt.CONFIG_FILE)) as handle:
-        layers = json.load(handle)["num_hidden_layers"]
-    shapes = {proj: output(f"{fmt.layer_prefix(0)}{proj}.weight").shape for proj, _ in PROJECTIONS}
-    padded_i = shapes[fmt.GATE_UP][2] // 2
-    if check == "1":
-        compared = 0
-        for proj, short in PROJECTIONS:
-            name = f"{fmt.layer_prefix(0)}{proj}"
-            want_q, want_s = output(f"{name}.weight"), output(f"{name}.scale").view(np.float32)
-            for expert in range(shapes[proj][0]):
-                q, s = encode_expert(kind, short, _expert_arrays(kind, source, 0, short, expert), shapes[proj][1:], padded_i)
-                if not (np.array_equal(q, want_q[expert]) and np.array_equal(s.view(np.uint32), want_s[expert, 0].view(np.uint32))):
-                    raise SystemExit(f"numpy baseline differs from our output: {kind} {name}[{expert}]")
-                compared += q.size
-        return {"identical": True, "values": compared}
-    started, cpu = time.perf_counter(), _own_cpu_seconds()
-    digest, written = hashlib.sha256(), 0
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for layer in range(layers):
-            for proj, short in PROJECTIONS:
-                scales = []
-                for expert in range(shapes[proj][0]):
-                    q, s = encode_expert(kind, short, _expert_arrays(kind, source, layer, short, expert), shapes[proj][1:],
-                                         padded_i)
-                    data = memoryview(q).cast("B")
-                    digest.update(data)
-                    written += os.write(fd, data)
-                    scales.append(s)
-                data = memoryview(np.stack(scales)).cast("B")
-                digest.update(data)
-                os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return {"seconds": time.perf_counter() - started, "cpu_seconds": _own_cpu_seconds() - cpu, "fp8_bytes": written,
-            "sha256": digest.hexdigest()}
+        config = json.load(handle)
+    experts, hidden, inter = config["num_local_experts"], config["hidden_size"], config["intermediate_size"]
+    return {fmt.GATE_UP: (experts, hidden, 2 * inter), fmt.DOWN: (experts, inter, hidden)}, inter
 
 
-def child_encode(kind: str, src: str, ours: str, side: str) -> dict:
+def child_encode(kind: str, src: str, side: str, baseline: str) -> dict:
     """Encode only: layer 0's experts, loaded into memory first, encoded one at a time in one
-    thread, by our kind's encoder (``side`` "ours") or the numpy one; CPU seconds of the encoding."""
+    thread, by our kind's encoder (``side`` "ours") or the baseline's; CPU seconds of the encoding."""
     import numpy as np
 
     torch.set_num_threads(1)
-    source, output = _numpy_reader(src), _numpy_reader(ours)
-    shapes = {proj: output(f"{fmt.layer_prefix(0)}{proj}.weight").shape for proj, _ in PROJECTIONS}
-    padded_i = shapes[fmt.GATE_UP][2] // 2
-    loaded = [(proj, short, _expert_arrays(kind, source, 0, short, expert))
+    reference = _baseline_modules(baseline)
+    source = reference.Source(src).array  # loading only, not timed
+    shapes, inter = _expert_shapes(src)
+    loaded = [(proj, short, {key: np.array(value) for key, value in _expert_arrays(kind, source, 0, short, expert).items()})
               for proj, short in PROJECTIONS for expert in range(shapes[proj][0])]
-    loaded = [(proj, short, {key: np.array(value) for key, value in arrays.items()}) for proj, short, arrays in loaded]
-    if side == "numpy":
-        from numpy_encoder import encode_expert
-
-        def run(proj: str, short: str, arrays: dict[str, Any]) -> None:
-            encode_expert(kind, short, arrays, shapes[proj][1:], padded_i)
+    if side == "baseline":
+        run = _baseline_encoder(reference.enc, kind, shapes, inter)
     else:
-        run = _our_encoder(kind, shapes, padded_i)
+        run = _our_encoder(kind, shapes, inter)
         loaded = [(proj, short, {key: _as_torch(value) for key, value in arrays.items()}) for proj, short, arrays in loaded]
     cpu = _own_cpu_seconds()
     for proj, short, arrays in loaded:
         run(proj, short, arrays)
     cpu = _own_cpu_seconds() - cpu
     return {"cpu_seconds": cpu, "fp8_bytes": sum(shapes[proj][1] * shapes[proj][2] for proj, _, _ in loaded)}
+
+
+def _baseline_encoder(enc: Any, kind: str, shapes: dict[str, tuple[int, int, int]], inter: int) -> Callable[..., None]:
+    """The baseline's per-expert encoder, called as its converter calls it."""
+    import numpy as np
+
+    buffers = {proj: np.zeros(shapes[proj][1:], dtype=np.uint8) for proj, _ in PROJECTIONS}
+
+    def run(proj: str, short: str, arrays: dict[str, Any]) -> None:
+        out, gate_up = buffers[proj], proj == fmt.GATE_UP
+        if kind == SOURCE_BF16:
+            enc.bf16_expert(arrays["weight"], gate_up, out)
+        elif kind == SOURCE_MXFP4:
+            enc.mxfp4_expert(arrays["blocks"], arrays["scales"], gate_up, out)
+        elif not gate_up:
+            enc.ct_into(arrays["down"], arrays["down_scale"], out)
+        else:
+            np.concatenate((enc.ct_into(arrays["gate"], arrays["gate_scale"], out[:, :inter]),
+                            enc.ct_into(arrays["up"], arrays["up_scale"], out[:, inter:])))
+
+    return run
 
 
 def _as_torch(array: Any) -> torch.Tensor:
@@ -487,7 +479,7 @@ def _as_torch(array: Any) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
-def _our_encoder(kind: str, shapes: dict[str, tuple[int, ...]], padded_i: int) -> Callable[..., None]:
+def _our_encoder(kind: str, shapes: dict[str, tuple[int, int, int]], padded_i: int) -> Callable[..., None]:
     """Our kind's per-expert encoder, called the way the compute lanes call it."""
     from nxdi_gptoss_fp8.convert import mxfp4
     from nxdi_gptoss_fp8.convert.fp8 import DenseEncoder
@@ -533,46 +525,97 @@ def _rate(runs: list[dict]) -> float:
                   for run in runs)[len(runs) // 2]
 
 
-def bench_numpy(workdir: str, layers: int, vocab: int, experts: int, repeat: int) -> None:
-    """Ours against the independent numpy encoder, per source kind, in one run (see --numpy)."""
-    print(f"versus numpy: {layers} layer(s) of gpt-oss-120b shapes with {experts} experts, {repeat} runs each, "
-          f"medians; {_load()}")
-    sources = {kind: make_sources(workdir, kind, [layers], vocab, experts)[layers] for kind in NUMPY_KINDS}
-    rows: dict[str, dict[str, list[dict]]] = {}
-    for kind in NUMPY_KINDS:
+def _tensor_bytes(paths: list[str]) -> dict[str, bytes]:
+    """Every tensor's bytes in the safetensors files ``paths`` (headers read by the package's reader)."""
+    from nxdi_gptoss_fp8.safeio.safetensors_header import read_header
+
+    tensors = {}
+    for path in paths:
+        header = read_header(path)
+        with open(path, "rb") as handle:
+            data = handle.read()
+        for name, info in header.tensors.items():
+            tensors[name] = data[header.data_offset + info.begin:header.data_offset + info.end]
+    return tensors
+
+
+def _identical(ours: str, reference: str, dims: fmt.ModelDims) -> int:
+    """The number of tensors of the baseline's one-file output, each byte-identical to ours (else exit);
+    it keeps the non-expert tensors under their HF names, which ``non_expert_names`` maps to ours."""
+    from nxdi_gptoss_fp8.convert.source import non_expert_names
+
+    renamed = non_expert_names(dims)
+    shards = sorted(os.path.join(ours, name) for name in os.listdir(ours) if name.endswith(".safetensors"))
+    mine, theirs = _tensor_bytes(shards), _tensor_bytes([reference])
+    differ = sorted(name for name, data in theirs.items() if mine.get(renamed.get(name, name)) != data)
+    if differ:
+        raise SystemExit(f"the baseline's output differs from ours in {len(differ)} tensors (first: {differ[0]})")
+    return len(theirs)
+
+
+def _run_baseline(baseline: str, kind: str, src: str, target: str) -> dict[str, Any]:
+    """One conversion by the baseline, in a fresh process; its JSON (cpu_s, wall_s, fp8_bytes, bytes)."""
+    done = subprocess.run([sys.executable, os.path.join(baseline, "ref_convert.py"), src, target, "--kind", kind],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the baseline failed on {kind}:\n{done.stderr}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"seconds": result["wall_s"], "cpu_seconds": result["cpu_s"], "fp8_bytes": result["fp8_bytes"]}
+
+
+def bench_baseline(workdir: str, layers: int, vocab: int, experts: int, repeat: int, baseline: str) -> None:
+    """Ours, with and without commit-time hashing, against the independent baseline, per source kind, in one run."""
+    print(f"versus the independent baseline in {baseline}: {layers} layer(s) of gpt-oss-120b shapes (H = I = 2880) "
+          f"with {experts} experts, {repeat} interleaved runs of each case, medians; {_load()}")
+    sources = {kind: make_sources(workdir, kind, [layers], vocab, experts)[layers] for kind in BASELINE_KINDS}
+    target = os.path.join(workdir, "baseline.safetensors")
+    for kind in BASELINE_KINDS:
         src, out = sources[kind], os.path.join(workdir, f"out-{kind}")
-        _warm(src)
         _run_child(["convert", src, out])
-        checked = _run_child(["numpy", kind, src, out, os.path.join(workdir, "numpy.bin"), "1"])
-        print(f"  {kind}: numpy baseline byte-identical to our output on layer 0 ({checked['values'] / 1e9:.2f} G values "
-              "with their scales)")
+        _run_baseline(baseline, kind, src, target)
+        print(f"  {kind}: the baseline's output is byte-identical to ours ({_identical(out, target, bench_dims(layers, vocab, experts))} tensors)")
+        os.remove(target)
+    rows: dict[str, dict[str, list[dict]]] = {}
     for _ in range(repeat):
-        for kind in NUMPY_KINDS:
-            src, out, target = sources[kind], os.path.join(workdir, f"out-{kind}"), os.path.join(workdir, "numpy.bin")
+        for kind in BASELINE_KINDS:
+            src, out = sources[kind], os.path.join(workdir, f"out-{kind}")
             runs = rows.setdefault(kind, {})
             _warm(src)
-            runs.setdefault("convert", []).append(_run_child(["convert", src, out]))
+            runs.setdefault("ours", []).append(_run_child(["convert", src, out]))
             _warm(src)
-            runs.setdefault("numpy", []).append(_run_child(["numpy", kind, src, out, target, "0"]))
+            runs.setdefault("ours, no hashing", []).append(_run_child(["convert", src, out, "", "", "0"]))
+            _warm(src)
+            runs.setdefault("baseline", []).append(_run_baseline(baseline, kind, src, target))
             os.remove(target)
             _warm(src)
             _warm(out)
             runs.setdefault("verify", []).append(_run_child(["verify", src, out]))
-            runs.setdefault("encode ours", []).append(_run_child(["encode", kind, src, out, "ours"]))
-            runs.setdefault("encode numpy", []).append(_run_child(["encode", kind, src, out, "numpy"]))
-    print("\nGB of FP8 per CPU-second (user + system of every process of the run: the noise of other jobs mostly "
-          "cancels); convert = the whole convert() call (read, encode, write, fsync, hash, rename; 2 lanes), numpy = "
-          "read, encode, write, hash while writing, fsync (one thread); encode only = layer 0 in memory, one thread")
-    print(f"{'source':<24} | {'convert':>7} {'numpy':>7} {'ratio':>6} | {'encode':>7} {'numpy':>7} {'ratio':>6} | "
-          f"{'verify/convert CPU':>18} {'wall':>6} | convert s (wall), CPU s")
+            runs.setdefault("encode ours", []).append(_run_child(["encode", kind, src, "ours", baseline]))
+            runs.setdefault("encode baseline", []).append(_run_child(["encode", kind, src, "baseline", baseline]))
+    print("\nGB of FP8 per CPU-second (user + system of every thread and worker process, from the OS: other jobs' "
+          "load mostly cancels); ours = the whole convert() call (read, encode, the non-expert tensors, write, fsync, "
+          "hash the shards at commit, rename; 2 lanes); no hashing = the same without the commit's SHA-256; baseline "
+          "= ref_convert.py (read through memory maps, encode, write one file; one thread; no hashing, no fsync); "
+          "encode only = layer 0's experts in memory, one thread")
+    print(f"{'source':<22} | {'ours':>6} {'no hash':>7} {'base':>6} | {'ratio':>6} {'no hash':>7} | "
+          f"{'encode':>6} {'base':>6} {'ratio':>6} | {'verify/convert CPU':>18} {'wall':>6} | CPU s ours / no hash / base")
     for kind, runs in rows.items():
-        ours, base = _rate(runs["convert"]), _rate(runs["numpy"])
-        enc, enc_base = _rate(runs["encode ours"]), _rate(runs["encode numpy"])
-        verify_cpu = _median(runs["verify"], "call_cpu_seconds") / _median(runs["convert"], "call_cpu_seconds")
-        verify_wall = _median(runs["verify"], "seconds") / _median(runs["convert"], "seconds")
-        print(f"{kind:<24} | {ours:>7.3f} {base:>7.3f} {ours / base:>5.2f}x | {enc:>7.3f} {enc_base:>7.3f} "
-              f"{enc / enc_base:>5.2f}x | {verify_cpu:>17.2f}x {verify_wall:>5.2f}x | "
-              f"{_median(runs['convert'], 'seconds'):.1f}, {_median(runs['convert'], 'call_cpu_seconds'):.1f}")
+        ours, unhashed, base = _rate(runs["ours"]), _rate(runs["ours, no hashing"]), _rate(runs["baseline"])
+        enc, enc_base = _rate(runs["encode ours"]), _rate(runs["encode baseline"])
+        verify_cpu = _median(runs["verify"], "call_cpu_seconds") / _median(runs["ours"], "call_cpu_seconds")
+        verify_wall = _median(runs["verify"], "seconds") / _median(runs["ours"], "seconds")
+        cpu = " / ".join(f"{_median(runs[case], 'call_cpu_seconds' if case != 'baseline' else 'cpu_seconds'):.2f}"
+                         for case in ("ours", "ours, no hashing", "baseline"))
+        print(f"{kind:<22} | {ours:>6.3f} {unhashed:>7.3f} {base:>6.3f} | {ours / base:>5.2f}x {unhashed / base:>6.2f}x | "
+              f"{enc:>6.3f} {enc_base:>6.3f} {enc / enc_base:>5.2f}x | {verify_cpu:>17.2f}x {verify_wall:>5.2f}x | {cpu}")
+    print("runs (GB/s per CPU-second, in order):")
+    for kind, runs in rows.items():
+        for case, measured in runs.items():
+            if case == "verify":
+                continue
+            rates = ", ".join(f"{run['fp8_bytes'] / run.get('call_cpu_seconds', run['cpu_seconds']) / 1e9:.3f}"
+                              for run in measured)
+            print(f"  {kind:<22} {case:<18} {rates}")
     print(_load())
 
 
@@ -706,30 +749,33 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", metavar="N",
                         help="measure convert(workers=N) and verify-conversion for each N instead (see above)")
     parser.add_argument("--repeat", type=int, help="runs of each --workers case (default 1; the best is shown) or "
-                                                   "--numpy case (default 3; the median is shown)")
+                                                   "--baseline-dir case (default 3; the median is shown)")
     parser.add_argument("--tmpfs", default="/dev/shm", help="where the cpu-bound outputs go (default /dev/shm)")
-    parser.add_argument("--numpy", action="store_true",
-                        help="measure instead each source kind against the independent numpy encoder (see above)")
-    parser.add_argument("--experts", type=int, default=NUMPY_EXPERTS,
-                        help=f"experts per layer with --numpy (default {NUMPY_EXPERTS}: per-expert work is the measure)")
+    parser.add_argument("--baseline-dir", metavar="DIR",
+                        help="measure instead each source kind against the independent numpy converter in DIR "
+                             "(ref_convert.py; the shared bench/ folder beside the repository, e.g. ../shared/bench; "
+                             "see above)")
+    parser.add_argument("--experts", type=int, default=BASELINE_EXPERTS,
+                        help=f"experts per layer with --baseline-dir (default {BASELINE_EXPERTS}: per-expert work is the measure)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, *rest = args.child
         children = {"convert": lambda: child_convert(*rest), "verify": lambda: child_verify(*rest),
-                    "baseline": lambda: child_baseline(rest[0], int(rest[1])), "numpy": lambda: child_numpy(*rest),
+                    "baseline": lambda: child_baseline(rest[0], int(rest[1])),
                     "encode": lambda: child_encode(*rest)}
         print(json.dumps(children[kind]()))
         return 0
 
+    baseline = checked_baseline_dir(args.baseline_dir) if args.baseline_dir else None
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-convert-")
     os.makedirs(workdir, exist_ok=True)
     counts = sorted(set(args.layers))
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}; "
           f"gpt-oss-120b layer shapes, vocab shrunk to {args.vocab}; work dir {workdir}")
     try:
-        if args.numpy:
-            bench_numpy(workdir, max(counts), args.vocab, args.experts, args.repeat or 3)
+        if baseline:
+            bench_baseline(workdir, max(counts), args.vocab, args.experts, args.repeat or 3, baseline)
             return 0
         if args.workers:
             source = make_sources(workdir, SOURCE_MXFP4, [max(counts)], args.vocab)[max(counts)]

@@ -35,8 +35,6 @@ def resolve(page: str, target: str) -> tuple[str, str]:
 
 
 def check_target(path: str, anchor: str, where: str) -> None:
-    if path in documents.PARALLEL_PAGES and not (documents.REPO / path).exists():
-        return  # coming from a parallel branch (see PARALLEL_PAGES)
     assert (documents.REPO / path).exists(), f"{where}: {path} does not exist"
     if anchor:
         assert path.endswith(".md"), f"{where}: an anchor into {path}, which is not a page"

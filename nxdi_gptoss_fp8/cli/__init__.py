@@ -26,17 +26,32 @@ from ..validate.nxdi_config import switch_from_env
 from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, UsageError
 from .convert import add_convert_command, add_verify_conversion_command
 from .env import add_doctor_command, add_env_command
-from .failure import NOTHING_WRITTEN, JsonAwareParser, interrupt_signals, interrupted_message, report_failure
+from .failure import NOTHING_WRITTEN, interrupt_signals, interrupted_message, report_failure
 from .goldens import add_goldens_command
+from .help import CommandParser, Example
 from .make import add_demo_command, add_make_tiny_command
 from .nxdi import add_check_forward_command, add_inference_demo_command, add_selfcheck_command
 from .validate import add_inspect_command, add_validate_command
 
-__all__ = ["DEBUG_ENV", "EXIT_BROKEN_PIPE", "EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+__all__ = ["DEBUG_ENV", "EXIT_BROKEN_PIPE", "EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "JOB_EXAMPLES",
+           "UsageError", "build_parser", "main"]
+
+# the job in order, from a published checkpoint to a server
+JOB_EXAMPLES = (
+    Example("what you hold, and the command that applies", "nxdi-gptoss-fp8 inspect /data/models/gpt-oss-120b"),
+    Example("the conversion's plan: files, shards, free space, peak memory",
+            "nxdi-gptoss-fp8 convert openai/gpt-oss-120b /data/models/gpt-oss-120b-fp8 --dry-run"),
+    Example("convert", "nxdi-gptoss-fp8 convert openai/gpt-oss-120b /data/models/gpt-oss-120b-fp8"),
+    Example("compare every value with the source",
+            "nxdi-gptoss-fp8 verify-conversion /data/models/gpt-oss-120b-fp8 --source openai/gpt-oss-120b"),
+    Example("check the checkpoint where it will be loaded", "nxdi-gptoss-fp8 validate /data/models/gpt-oss-120b-fp8"),
+    Example("check the serve command and the host before the server starts",
+            "nxdi-gptoss-fp8 doctor -- vllm serve /data/models/gpt-oss-120b-fp8 --tensor-parallel-size 64 ..."),
+)
 
 
 def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
-    parser = JsonAwareParser(
+    parser = CommandParser(
         prog=prog,
         description=(
             "Validate, inspect, make and convert normalized static-FP8 GPT-OSS checkpoints for "
@@ -46,6 +61,7 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
         epilog=("Exit codes: 0 valid/success, 1 findings or failed check, 2 usage error or unreadable input, "
                 "3 partial verdict (validate --headers-only: no errors in what was checked, not everything checked). "
                 f"The format, every check and finding code: {fmt.format_document_ref()}"),
+        examples=JOB_EXAMPLES,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -105,7 +105,7 @@ def _add_output_options(command: argparse.ArgumentParser, *, max_shard_size: str
     """The options of every command that writes a normalized checkpoint."""
     command.add_argument("--padded-hidden-size", type=_padded_size, metavar="N", help="H' (H plus a multiple of 32)")
     command.add_argument("--padded-intermediate-size", type=_padded_size, metavar="N", help="I' (I plus a multiple of 32)")
-    command.add_argument("--max-shard-size", default=max_shard_size,
+    command.add_argument("--max-shard-size", default=max_shard_size, metavar="SIZE",
                          help=f"largest shard, 1 B … 2^53 bytes, e.g. 5GB, 500MB, 2GiB (default {max_shard_size}{why})")
     command.add_argument("--overwrite", action="store_true",
                          help="replace a non-empty output directory, only when its content is an earlier output of "

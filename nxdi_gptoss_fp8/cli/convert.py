@@ -17,8 +17,36 @@ from ._shared import (
     _size,
     usage_error,
 )
+from .help import Example
 
-__all__ = ["add_convert_command", "add_verify_conversion_command"]
+__all__ = ["CONVERT_EXAMPLES", "VERIFY_CONVERSION_EXAMPLES", "add_convert_command", "add_verify_conversion_command"]
+
+CONVERT_EXAMPLES = (
+    Example("the plan first: the files read, the shards written, the free space and the peak memory",
+            "nxdi-gptoss-fp8 convert openai/gpt-oss-120b /data/models/gpt-oss-120b-fp8 --dry-run"),
+    Example("convert from the Hub (only the files needed are fetched), then compare the result with its source",
+            "nxdi-gptoss-fp8 convert openai/gpt-oss-120b /data/models/gpt-oss-120b-fp8 && \\\n"
+            "  nxdi-gptoss-fp8 verify-conversion /data/models/gpt-oss-120b-fp8 --source openai/gpt-oss-120b"),
+    Example("a local HF checkpoint, padded for a tensor-parallel degree that needs it",
+            "nxdi-gptoss-fp8 convert /data/models/gpt-oss-20b /data/models/gpt-oss-20b-fp8-i3072 "
+            "--padded-intermediate-size 3072"),
+    Example("for the vLLM Neuron plugin's geometry (SDK >= 2.32): padded to 3072, the target recorded in the index",
+            "nxdi-gptoss-fp8 convert /data/models/gpt-oss-120b /data/models/gpt-oss-120b-fp8-nki --target nki-moe"),
+    Example("an llm-compressor FP8_DYNAMIC checkpoint made by llm-compressor 0.12 (when the converter asks)",
+            "nxdi-gptoss-fp8 convert /data/models/gpt-oss-120b-FP8-Dynamic /data/models/gpt-oss-120b-fp8 "
+            "--ct-gate-up-split halves"),
+    Example("replace an earlier output of this converter, with 8 workers, the report as JSON",
+            "nxdi-gptoss-fp8 convert /data/models/gpt-oss-120b /data/models/gpt-oss-120b-fp8 --overwrite "
+            "--workers 8 --json"),
+)
+
+VERIFY_CONVERSION_EXAMPLES = (
+    Example("compare a conversion with the Hub source it was made from (the commit it recorded)",
+            "nxdi-gptoss-fp8 verify-conversion /data/models/gpt-oss-120b-fp8 --source openai/gpt-oss-120b"),
+    Example("a local source, 8 workers, the per-layer report as JSON",
+            "nxdi-gptoss-fp8 verify-conversion /data/models/gpt-oss-20b-fp8 --source /data/models/gpt-oss-20b "
+            "--workers 8 --json"),
+)
 
 
 def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None,
@@ -91,17 +119,17 @@ def add_convert_command(commands: Any) -> None:
                         "(needs torch)",
         description="Convert the HF set of openai/gpt-oss-120b or -20b (MXFP4), an HF BF16 GPT-OSS checkpoint "
                     "or an llm-compressor FP8_DYNAMIC (compressed-tensors) one into the normalized FP8 format, "
-                    "streaming one expert at a time. SRC may be a Hub repo id: only "
-                    "config, index, the listed shards, tokenizer and generation config are fetched (never original/ "
-                    "or metal/), through huggingface_hub's cache (HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply); they are "
-                    "copied into OUT with the commit recorded. MXFP4 and FP8 values stay exact wherever Neuron's "
-                    "E4M3 can hold them (the report counts the rest); a NaN or inf anywhere in SRC is refused. "
-                    "Before a byte moves the run is planned (see --dry-run) and refused when OUT's filesystem "
-                    "(or the Hub cache) lacks the space. The output appears only when complete; an existing OUT "
-                    "directory (e.g. a mount point) is written inside; --overwrite replaces only an earlier output "
-                    "of this converter, recognized by its content (anything else is refused, exit 2). Ctrl-C, "
-                    "SIGTERM, SIGHUP and a disk that fills remove the partial output. SRC is never "
-                    "modified. Check the result with verify-conversion.",
+                    "streaming one expert at a time. MXFP4 and FP8 values stay exact wherever Neuron's "
+                    "E4M3 can hold them (the report counts the rest); a NaN or inf anywhere in SRC is refused.\n\n"
+                    "From a Hub repo id only config, index, the listed shards, tokenizer and generation config are "
+                    "fetched (never original/ or metal/), through huggingface_hub's cache (HF_HOME, HF_HUB_OFFLINE, "
+                    "HF_TOKEN apply); they are copied into OUT with the commit recorded.\n\n"
+                    "Every run is planned first and refused when OUT's filesystem (or the Hub cache) lacks the "
+                    "space. The output appears only when complete; an existing OUT directory (e.g. a mount point) "
+                    "is written inside; --overwrite replaces only an earlier output of this converter, recognized "
+                    "by its content (anything else is refused, exit 2). Ctrl-C, SIGTERM, SIGHUP and a disk that "
+                    "fills remove the partial output. SRC is never modified.",
+        examples=CONVERT_EXAMPLES,
     )
     convert.add_argument("src", metavar="SRC", help="the HF checkpoint directory (config.json + model.safetensors.index.json), "
                                                     "or a Hub repo id such as openai/gpt-oss-120b (an existing local path wins)")
@@ -147,6 +175,7 @@ def add_verify_conversion_command(commands: Any) -> None:
         description="Re-read OUT and SRC one expert at a time: every non-expert tensor must be bit-exact, every "
                     "FP8 expert value exact where E4M3 allows and within half an E4M3 step otherwise. Prints a "
                     "per-layer table; exit 1 on any violation.",
+        examples=VERIFY_CONVERSION_EXAMPLES,
     )
     verify_conversion.add_argument("out", metavar="OUT", help="the converted checkpoint directory")
     verify_conversion.add_argument("--source", required=True, metavar="SRC",

@@ -5,10 +5,34 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .. import format as fmt
+from ..nxdi import recipes
 from ._output import print_result
 from ._shared import UsageError
+from .help import Example
 
-__all__ = ["add_doctor_command", "add_env_command"]
+__all__ = ["DOCTOR_EXAMPLES", "ENV_EXAMPLES", "add_doctor_command", "add_env_command"]
+
+ENV_EXAMPLES = (
+    Example("where this host's Python, torch, transformers, NxDI, NxD and vLLM stand in the tested matrix",
+            "nxdi-gptoss-fp8 env"),
+    Example("the same as JSON, e.g. to attach to a bug report", "nxdi-gptoss-fp8 env --json"),
+)
+
+def _doctor_recipe_example() -> str:
+    """The README's vLLM recipe (``nxdi.recipes``) for gpt-oss-120b, its serve command given to doctor."""
+    dims = fmt.PROFILES[fmt.PROFILE_120B]
+    *exports, serve = recipes.vllm_command("/data/models/gpt-oss-120b-fp8", "/data/neuron-compiled/gpt-oss-120b-fp8-tp64",
+                                           "/data/tiktoken", dims.hidden_size, dims.intermediate_size).split("\n", 3)
+    return "\n".join([*exports, f"nxdi-gptoss-fp8 doctor -- {serve}"])
+
+
+DOCTOR_EXAMPLES = (
+    Example("the settings and the serve command of the vLLM recipe, checked before the server starts",
+            _doctor_recipe_example()),
+    Example("the environment only (CHECKPOINT_FORMAT, NEURON_COMPILED_ARTIFACTS, TIKTOKEN_ENCODINGS_BASE), as JSON",
+            "nxdi-gptoss-fp8 doctor --json"),
+)
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -30,6 +54,7 @@ def add_env_command(commands: Any) -> None:
                     "installed (the NxDI-backed one, or the newer one that does not use NxDI) and states the NxDI "
                     "support window (not supported on Trn2/Trn3 since Neuron SDK 2.34.0; serving this format needs a "
                     "2.27-2.31 image). Exit 0, or 1 when an installed component is unsupported.",
+        examples=ENV_EXAMPLES,
     )
     env.add_argument("--json", action="store_true", help="print the report as JSON")
     env.set_defaults(handler=_cmd_env)
@@ -59,12 +84,11 @@ def add_doctor_command(commands: Any) -> None:
                     "defaults, then override_neuron_config), and the checkpoint it loads checked with that "
                     "NeuronConfig by the checks `validate MODEL --neuron-config FILE` runs (another kind of "
                     "directory is named as inspect names it). Also CHECKPOINT_FORMAT (read as the hook reads it), "
-                    "NEURON_COMPILED_ARTIFACTS and Harmony's o200k_base.tiktoken in TIKTOKEN_ENCODINGS_BASE. Pass "
-                    "the serve command after --, e.g. nxdi-gptoss-fp8 doctor -- vllm serve /data/models/x "
-                    "--additional-config '{...}'; without it only the environment is checked. One line per finding, "
-                    "each with its fix. Exit 0: the start loads (warnings may remain); 1: an error stops it; 2: not "
-                    "a vLLM server's command line, or vLLM's --config YAML (pass its options instead). Rules: "
-                    "docs/serving.md.",
+                    "NEURON_COMPILED_ARTIFACTS and Harmony's o200k_base.tiktoken in TIKTOKEN_ENCODINGS_BASE. Without "
+                    "a command after --, only the environment is checked. One line per finding, each with its fix. "
+                    "Exit 0: the start loads (warnings may remain); 1: an error stops it; 2: not a vLLM server's "
+                    "command line, or vLLM's --config YAML (pass its options instead). Rules: docs/serving.md.",
+        examples=DOCTOR_EXAMPLES,
     )
     doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
     doctor.add_argument("serve_command", nargs=argparse.REMAINDER, metavar="-- vllm serve MODEL ...",

@@ -9,8 +9,21 @@ from typing import Any
 from .. import format as fmt
 from ._output import print_result
 from ._shared import UsageError, _allow_custom, _checkpoint_dir, _needs
+from .help import Example
 
-__all__ = ["add_goldens_command"]
+__all__ = ["GOLDENS_EXAMPLES", "add_goldens_command"]
+
+GOLDENS_EXAMPLES = (
+    Example("the numbers the device holds: a reference dequantized from the checkpoint itself",
+            "nxdi-gptoss-fp8 goldens /data/models/gpt-oss-120b-fp8 --reference dequantized "
+            "--prompt 'I believe the meaning of life is' --num-tokens 64 --output /data/goldens/dequantized.pt"),
+    Example("quantization and device together: the HF source it was converted from (its fingerprint is checked)",
+            "nxdi-gptoss-fp8 goldens /data/models/gpt-oss-120b-fp8 --reference /data/models/gpt-oss-120b "
+            "--prompt 'I believe the meaning of life is' --num-tokens 64 --output /data/goldens/source.pt"),
+    Example("a float32 reference, the tokenizer from elsewhere, the report as JSON",
+            "nxdi-gptoss-fp8 goldens /data/models/gpt-oss-20b-fp8 --reference dequantized --prompt 'Hello' "
+            "--num-tokens 16 --output goldens.pt --dtype float32 --tokenizer /data/models/gpt-oss-20b --json"),
+)
 
 
 def _cmd_goldens(args: argparse.Namespace) -> int:
@@ -47,6 +60,7 @@ def add_goldens_command(commands: Any) -> None:
                     "and write FILE: what inference_demo's --expected-outputs-path reads for token matching and logit "
                     "matching. Needs torch and transformers, not NxDI. States the memory it needs first and refuses a "
                     "host without it (exit 2); exit 1 on a refused checkpoint or source. See docs/accuracy.md.",
+        examples=GOLDENS_EXAMPLES,
     )
     goldens.add_argument("path", metavar="CKPT", help="the normalized checkpoint directory")
     goldens.add_argument("--reference", required=True, metavar="dequantized|SRC",

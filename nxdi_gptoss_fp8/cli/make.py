@@ -19,8 +19,25 @@ from ._shared import (
     _size,
     usage_error,
 )
+from .help import Example
 
-__all__ = ["add_demo_command", "add_make_tiny_command"]
+__all__ = ["DEMO_EXAMPLES", "MAKE_TINY_EXAMPLES", "add_demo_command", "add_make_tiny_command"]
+
+MAKE_TINY_EXAMPLES = (
+    Example("a tiny valid checkpoint (custom profile: validate it with --allow-custom-model)",
+            "nxdi-gptoss-fp8 make-tiny tiny-fp8 && nxdi-gptoss-fp8 validate tiny-fp8 --allow-custom-model"),
+    Example("a tiny HF MXFP4 source, then the conversion path on it",
+            "nxdi-gptoss-fp8 make-tiny tiny-src --hf-mxfp4 && nxdi-gptoss-fp8 convert tiny-src tiny-src-fp8"),
+    Example("a tiny compressed-tensors FP8 (llm-compressor FP8_DYNAMIC) source",
+            "nxdi-gptoss-fp8 make-tiny tiny-ct --ct-fp8"),
+    Example("other dimensions, padded, written again over an earlier tiny checkpoint",
+            "nxdi-gptoss-fp8 make-tiny tiny-fp8 --layers 4 --experts 8 --padded-hidden-size 96 --overwrite"),
+)
+
+DEMO_EXAMPLES = (
+    Example("make a tiny checkpoint, validate it, corrupt copies and read the findings",
+            "nxdi-gptoss-fp8 demo"),
+)
 
 
 def _dims(args: argparse.Namespace, defaults: fmt.ModelDims) -> fmt.ModelDims:
@@ -75,7 +92,8 @@ def add_make_tiny_command(commands: Any) -> None:
                     "Dimensions default to a 2-layer, 4-expert, 64-wide model; a custom profile like that is "
                     "valid with --allow-custom-model (or NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL=1) only. With "
                     "--hf-mxfp4, --hf-bf16 or --ct-fp8, write a tiny synthetic source instead (2 layers, 3 experts, "
-                    "H 64, I 96), to try convert and verify-conversion without downloading a published checkpoint. "
+                    "H 64, I 96), to try convert and verify-conversion without downloading a published checkpoint."
+                    "\n\n"
                     "The arguments are checked first, by the format's rules (each size 1 … 2^31, experts per "
                     "token at most the experts, query heads a multiple of key/value heads, MXFP4 sizes whole "
                     "32-blocks, at most 10,000 tensors and 256 MB, counted on what is written: the source for "
@@ -83,6 +101,7 @@ def add_make_tiny_command(commands: Any) -> None:
                     "an earlier output of the same kind, recognized by its content (a normalized checkpoint, or a "
                     "source of the same kind); a directory holding anything else, or the current directory, is "
                     "refused (exit 2), never emptied.",
+        examples=MAKE_TINY_EXAMPLES,
     )
     source_kind = tiny.add_mutually_exclusive_group()
     source_kind.add_argument("--hf-mxfp4", dest="hf", action="store_const", const="mxfp4",
@@ -92,7 +111,7 @@ def add_make_tiny_command(commands: Any) -> None:
     source_kind.add_argument("--ct-fp8", dest="hf", action="store_const", const="ct-fp8",
                              help="write a compressed-tensors FP8 source (llm-compressor FP8_DYNAMIC, per-expert "
                                   "linear layers, even/odd gate/up split) instead")
-    tiny.add_argument("out", help="output directory (must be empty or absent, or an earlier output of the same kind "
+    tiny.add_argument("out", metavar="OUT", help="output directory (must be empty or absent, or an earlier output of the same kind "
                                   "with --overwrite)")
     for field, flag, meaning in (
         ("num_hidden_layers", "--layers", "decoder layers"),
@@ -162,5 +181,6 @@ def add_demo_command(commands: Any) -> None:
         "demo", help="make a tiny checkpoint, validate it, corrupt copies and show the findings",
         description="No arguments: everything happens in a temporary directory that is removed afterwards. "
                     "Needs nothing but Python; the last step (the zero-copy load) runs when torch is installed.",
+        examples=DEMO_EXAMPLES,
     )
     demo.set_defaults(handler=_cmd_demo, interrupted="its temporary directory was removed")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
 import sys
 from typing import Any
 
 from .. import format as fmt
+from ..nxdi import recipes
 from ._output import print_result
 from ._shared import (
     EXIT_OK,
@@ -17,25 +20,25 @@ from ._shared import (
     _checkpoint_dir,
     _load_neuron_config,
 )
+from .help import Example, shell_lines
 
-__all__ = ["INFERENCE_DEMO_HELP", "add_check_forward_command", "add_inference_demo_command", "add_selfcheck_command"]
+__all__ = ["CHECK_FORWARD_EXAMPLES", "INFERENCE_DEMO_EXAMPLES", "SELFCHECK_EXAMPLES", "add_check_forward_command",
+           "add_inference_demo_command", "add_selfcheck_command"]
 
 
-INFERENCE_DEMO_HELP = """\
-usage: nxdi-gptoss-fp8 inference-demo ARGS...
+def _inference_demo_recipe_example() -> str:
+    """The README's inference_demo recipe (``nxdi.recipes``) for gpt-oss-120b: the modules file, then the demo."""
+    modules = "/data/modules_to_not_convert.json"
+    argv = recipes.inference_demo_argv("/data/models/gpt-oss-120b-fp8", "/data/neuron-compiled/gpt-oss-120b-fp8-tp64-demo",
+                                       modules)
+    return "\n".join([f"echo {shlex.quote(json.dumps(recipes.modules_file()))} > {modules}",
+                      shell_lines(["CHECKPOINT_FORMAT=normalized_fp8", "nxdi-gptoss-fp8", "inference-demo", *argv])])
 
-Register the normalized-FP8 hook on NxDI's GPT-OSS model, then run NxDI's own inference_demo
-with ARGS unchanged (every argument, --help included, is NxDI's). Select the normalized path
-with CHECKPOINT_FORMAT=normalized_fp8 and point NxDI at the checkpoint, e.g.
 
-  CHECKPOINT_FORMAT=normalized_fp8 nxdi-gptoss-fp8 inference-demo --model-type gpt_oss \\
-      --task-type causal-lm run --model-path DIR --compiled-model-path OUT \\
-      --quantized --quantized-checkpoints-path DIR --quantization-type expert_wise_per_channel_symmetric \\
-      --quantization-dtype f8e4m3 ...
-
-The hook runs the same preflight as `nxdi-gptoss-fp8 validate DIR` before any tensor is read:
-check the checkpoint on any host first (add --neuron-config with NxDI's config to check that
-too). Needs NxDI (neuronx-distributed-inference) and a Neuron host."""
+INFERENCE_DEMO_EXAMPLES = (
+    Example("gpt-oss-120b converted with the defaults, at tp 64 on a trn2.48xlarge", _inference_demo_recipe_example()),
+    Example("NxDI's own options, after this text", "nxdi-gptoss-fp8 inference-demo --help"),
+)
 
 
 def _cmd_inference_demo(args: argparse.Namespace) -> int:
@@ -44,7 +47,7 @@ def _cmd_inference_demo(args: argparse.Namespace) -> int:
     asks_help = not args.nxdi_args or args.nxdi_args[0] in ("-h", "--help")
     available = nxdi_hook.nxdi_available()
     if asks_help:
-        print(INFERENCE_DEMO_HELP)
+        print(args.format_help().rstrip("\n"))
         if not available:
             print("\nNxDI is not installed here, so its inference_demo options cannot be listed.")
             return EXIT_OK if args.nxdi_args else EXIT_USAGE
@@ -60,14 +63,28 @@ def add_inference_demo_command(commands: Any) -> None:
     """The ``inference-demo`` command's parser, beside its handler."""
     inference_demo = commands.add_parser(
         "inference-demo", help="register the normalized-FP8 hook, then run NxDI's inference_demo with ARGS",
-        description="Everything after 'inference-demo' goes to NxDI's inference_demo unchanged, e.g. "
-                    "CHECKPOINT_FORMAT=normalized_fp8 nxdi-gptoss-fp8 inference-demo --model-type gpt_oss "
-                    "--task-type causal-lm run --model-path DIR --quantized --quantized-checkpoints-path DIR ...",
+        usage="%(prog)s ARGS...",
+        description="Register the normalized-FP8 hook on NxDI's GPT-OSS model, then run NxDI's own inference_demo "
+                    "with ARGS unchanged (every argument, --help included, is NxDI's). CHECKPOINT_FORMAT="
+                    "normalized_fp8 selects the normalized path.\n\n"
+                    "The hook runs the same preflight as `nxdi-gptoss-fp8 validate DIR` before any tensor is read: "
+                    "check the checkpoint on any host first (add --neuron-config with NxDI's config to check that "
+                    "too). Needs NxDI (neuronx-distributed-inference) and a Neuron host.",
+        examples=INFERENCE_DEMO_EXAMPLES,
         # no option of ours: every argument, '--help' included, is NxDI's
         prefix_chars="\x00", add_help=False,
     )
-    inference_demo.add_argument("nxdi_args", nargs=argparse.REMAINDER, metavar="ARGS")
-    inference_demo.set_defaults(handler=_cmd_inference_demo, signals=False)  # NxDI's process: its own signal handling
+    inference_demo.add_argument("nxdi_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                                help="the arguments of NxDI's inference_demo, passed on unchanged")
+    inference_demo.set_defaults(handler=_cmd_inference_demo, signals=False,  # NxDI's process: its own signal handling
+                                format_help=inference_demo.format_help)
+
+
+SELFCHECK_EXAMPLES = (
+    Example("on a host with NxDI: its real model on the CPU, from normalized, legacy and HF weights",
+            "nxdi-gptoss-fp8 selfcheck"),
+    Example("the same tensor-parallel, 2 torchrun workers, the report as JSON", "nxdi-gptoss-fp8 selfcheck --tp 2 --json"),
+)
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
@@ -93,6 +110,7 @@ def add_selfcheck_command(commands: Any) -> None:
                     "GptOssForCausalLM on the same weights: normalized vs legacy must be bit-identical, each within "
                     "1e-5 of transformers. Exit 0 pass, 1 mismatch, 2 cannot run (NxDI missing or importable "
                     "only in part: one line says what is missing and how to get it).",
+        examples=SELFCHECK_EXAMPLES,
     )
     selfcheck.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree; N > 1 runs N torchrun workers (gloo)")
     selfcheck.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -108,6 +126,15 @@ def _cannot_run(exc: Exception) -> Exception:
     if isinstance(exc, MissingDependencyError):
         return MissingDependencyError(f"{exc} (`nxdi-gptoss-fp8 env` says where this host stands)")
     return UsageError(str(exc))
+
+
+CHECK_FORWARD_EXAMPLES = (
+    Example("the first 2 layers of a conversion against its HF source, on the CPU",
+            "nxdi-gptoss-fp8 check-forward /data/models/gpt-oss-20b-fp8 --source /data/models/gpt-oss-20b"),
+    Example("every layer, with the NeuronConfig the model will be compiled with, the report as JSON",
+            "nxdi-gptoss-fp8 check-forward /data/models/gpt-oss-20b-fp8 --source /data/models/gpt-oss-20b "
+            "--layers all --neuron-config neuron_config.json --json"),
+)
 
 
 def _cmd_check_forward(args: argparse.Namespace) -> int:
@@ -150,6 +177,7 @@ def add_check_forward_command(commands: Any) -> None:
                     "cannot read (compressed-tensors: pass the HF checkpoint instead), a source of another model, and "
                     "a host without the memory the run needs (it says how much first). Exit 1 on a preflight failure "
                     "or a violated bound.",
+        examples=CHECK_FORWARD_EXAMPLES,
     )
     check_forward.add_argument("path", metavar="CKPT", help="the normalized checkpoint directory")
     check_forward.add_argument("--source", required=True, metavar="HF_DIR", help="the HF checkpoint it was made from")

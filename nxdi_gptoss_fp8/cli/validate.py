@@ -20,11 +20,27 @@ from ._shared import (
     _load_neuron_config,
     _needs,
 )
+from .help import Example
 
-__all__ = ["TEXT_FINDINGS_LIMIT", "add_inspect_command", "add_validate_command"]
+__all__ = ["INSPECT_EXAMPLES", "TEXT_FINDINGS_LIMIT", "VALIDATE_EXAMPLES", "add_inspect_command", "add_validate_command"]
 
 
 TEXT_FINDINGS_LIMIT = 50
+
+VALIDATE_EXAMPLES = (
+    Example("check a converted checkpoint before loading it (headers and scales; any host, no Neuron SDK)",
+            "nxdi-gptoss-fp8 validate /data/models/gpt-oss-120b-fp8"),
+    Example("also check that NxDI will run it with the NeuronConfig you will load it with",
+            "nxdi-gptoss-fp8 validate /data/models/gpt-oss-120b-fp8 --neuron-config neuron_config.json"),
+    Example("after a copy: hash every shard against the index and read every FP8 and BF16 value",
+            "nxdi-gptoss-fp8 validate /data/models/gpt-oss-120b-fp8 --verify-checksums --deep"),
+    Example("every finding, as JSON for a script",
+            "nxdi-gptoss-fp8 validate /data/models/gpt-oss-120b-fp8 --json"),
+    Example("a compiled NxDI model: the pre-sharded weights of the ranks this host loads",
+            "nxdi-gptoss-fp8 validate /data/neuron-compiled/gpt-oss-120b-fp8-tp64 --ranks 0-31"),
+    Example("a tiny custom-profile checkpoint written by make-tiny",
+            "nxdi-gptoss-fp8 validate tiny-fp8 --allow-custom-model"),
+)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -67,8 +83,9 @@ def add_validate_command(commands: Any) -> None:
             "exact namespace, dtypes and shapes, scale sidecars and scale values. Reads headers "
             "and scales only. Every finding is listed with its file, key and the fix."
         ),
+        examples=VALIDATE_EXAMPLES,
     )
-    validate.add_argument("path", help="the checkpoint directory (holds model.safetensors.index.json), or a compiled "
+    validate.add_argument("path", metavar="DIR", help="the checkpoint directory (holds model.safetensors.index.json), or a compiled "
                                        "NxDI model directory: its pre-sharded weights/ are checked against their "
                                        "manifest, its neuron_config.json (NxDI's own file, Infinity included), the "
                                        "checkpoint that config names (its fingerprint must be the one the shards "
@@ -148,6 +165,16 @@ def _rank_list(text: str) -> list[int]:
     return sorted(ranks)
 
 
+INSPECT_EXAMPLES = (
+    Example("what a downloaded checkpoint is, and the command that converts or loads it",
+            "nxdi-gptoss-fp8 inspect /data/models/gpt-oss-120b"),
+    Example("a normalized checkpoint's shards, bytes by dtype, padding and verdict, as JSON",
+            "nxdi-gptoss-fp8 inspect /data/models/gpt-oss-120b-fp8 --json"),
+    Example("a compiled NxDI model directory: its pre-sharded weights' manifest and verdict",
+            "nxdi-gptoss-fp8 inspect /data/neuron-compiled/gpt-oss-120b-fp8-tp64"),
+)
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from ..inspection import inspect_directory
     from ..recognize import NOT_A_DIRECTORY
@@ -167,10 +194,12 @@ def add_inspect_command(commands: Any) -> None:
                     "CHECKPOINT_FORMAT value or the command that applies, and why. A normalized checkpoint also "
                     "gets its shards, tensors, bytes by dtype, profile, padding and preflight verdict (with the "
                     "first findings when invalid); a compiled NxDI model directory its pre-sharded weights' manifest "
-                    "and validate's verdict on them. Exit 0 recognized (and valid: a normalized checkpoint's "
-                    "preflight, a compiled directory's validate), 1 invalid or unrecognized, 2 not a directory.",
+                    "and validate's verdict on them.\n\n"
+                    "Exit 0 recognized (and valid: a normalized checkpoint's preflight, a compiled directory's "
+                    "validate), 1 invalid or unrecognized, 2 not a directory.",
+        examples=INSPECT_EXAMPLES,
     )
-    inspect.add_argument("path", help="any directory")
+    inspect.add_argument("path", metavar="DIR", help="any directory")
     inspect.add_argument("--json", action="store_true", help="print the recognition and summary as JSON")
     inspect.add_argument("--allow-custom-model", action="store_true",
                          help=f"accept model_profile 'custom' as validate does; also {fmt.ALLOW_CUSTOM_ENV}=1")

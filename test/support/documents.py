@@ -21,10 +21,6 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 # [text](target) and ![alt](target), not inside inline code; the target up to the first space or ')'
 LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
-# Pages written on parallel branches of the same release and linked before they land: a link to one
-# is accepted only while the page is absent (once it exists, its anchors are checked like any other's).
-# Remove at merge.
-PARALLEL_PAGES = frozenset({"docs/benchmarks.md", "docs/cli.md"})
 
 
 @dataclass(frozen=True)
@@ -129,5 +125,5 @@ def links(name: str) -> list[str]:
     return out
 
 
-__all__ = ["DOCS", "PARALLEL_PAGES", "REPO", "Heading", "anchors", "code_block", "code_blocks", "github_slug", "headings", "links",
+__all__ = ["DOCS", "REPO", "Heading", "anchors", "code_block", "code_blocks", "github_slug", "headings", "links",
            "page", "page_path", "pages", "prose_lines", "section"]
