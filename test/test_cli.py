@@ -25,8 +25,8 @@ from ckpt_edit import (
 
 from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.cli import inspect as cli_inspect
 from nxdi_gptoss_fp8.cli import main
-from nxdi_gptoss_fp8.cli import validate as cli_validate
 from nxdi_gptoss_fp8.units import format_bytes
 
 GOOD_NC = {
@@ -640,9 +640,9 @@ def test_an_optional_module_missing_deep_inside_a_command_is_one_line(
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return handler
 
-    monkeypatch.setattr(cli_validate, "_cmd_inspect", needs("safetensors"))
+    monkeypatch.setattr(cli_inspect, "_cmd_inspect", needs("safetensors"))
     code, out, err = run(["inspect", str(tiny_template)], capsys)
     assert code == 2 and out == "" and err.startswith("nxdi-gptoss-fp8 inspect: needs safetensors, which is not installed")
-    monkeypatch.setattr(cli_validate, "_cmd_inspect", needs("no_such_helper"))  # our own bug: not hidden
+    monkeypatch.setattr(cli_inspect, "_cmd_inspect", needs("no_such_helper"))  # our own bug: not hidden
     with pytest.raises(ModuleNotFoundError):
         main(["inspect", str(tiny_template)])

@@ -1,10 +1,11 @@
-"""How a command's outcome reaches the terminal: one function, ``emit``, for a result and a failure.
+"""How a command's outcome reaches the terminal: the exit statuses, and one function, ``emit``, for
+a result and a failure.
 
 A result is a library report (``ok``, ``to_dict``, ``render_text``): with ``--json`` its
 ``to_dict()`` plus ``ok`` on stdout (``result_document``), else its text; the exit status is 0
 when ``ok``, else 1, unless the command has statuses of its own (``validate``'s 3, ``inspect``'s).
 A failure is one line on stderr and, with ``--json``, the one JSON error document on stdout
-(``failure.report_failure``). Either way ``ok`` says whether the command got what it was asked
+(``_errors.report_failure``). Either way ``ok`` says whether the command got what it was asked
 for, and a report's ``hint`` is the library's, never the command line's.
 """
 
@@ -16,9 +17,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ._shared import EXIT_FINDINGS, EXIT_OK
+__all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "emit", "print_result", "result_document"]
 
-__all__ = ["emit", "print_result", "result_document"]
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 
 
 def result_document(result: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The ``goldens`` command: the file NxDI's ``--expected-outputs-path`` reads, computed on a CPU host."""
+"""The ``goldens`` command: the file NxDI's ``--expected-outputs-path`` reads, computed on a CPU host.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import sys
 from typing import Any
 
 from .. import format as fmt
+from ._errors import UsageError
+from ._help import Example
+from ._options import _allow_custom, _checkpoint_dir, _needs
 from ._output import print_result
-from ._shared import UsageError, _allow_custom, _checkpoint_dir, _needs
-from .help import Example
 
 __all__ = ["GOLDENS_EXAMPLES", "add_goldens_command"]
+
 
 GOLDENS_EXAMPLES = (
     Example("the numbers the device holds: a reference dequantized from the checkpoint itself",
