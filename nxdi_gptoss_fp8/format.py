@@ -134,7 +134,7 @@ PROFILE_NAMES = (PROFILE_120B, PROFILE_20B, PROFILE_CUSTOM)
 
 # Alternative spellings that GPT-OSS configs use for the same field, the Hugging Face name first:
 # it is the one NxDI uses (through transformers' GptOssConfig); the preflight requires it and
-# an alias beside it to agree (nxdi.config.model_config_problems).
+# an alias beside it to agree (validate.nxdi_config.model_config_problems).
 CONFIG_FIELD_ALIASES: dict[str, tuple[str, ...]] = {
     "num_local_experts": ("num_local_experts", "num_experts"),
     "num_experts_per_tok": ("num_experts_per_tok", "experts_per_token"),
@@ -183,7 +183,7 @@ HARD_CODED_REASONS: dict[str, str] = {
     "partial_rotary_factor": "NxDI's GPT-OSS rotates the whole head",
 }
 # rope_scaling's members: the ones NxDI reads (rope_type must be yarn: NxDI applies YaRN
-# whatever it says), and the ones it hard-codes (config_fields._rope_problems holds the values).
+# whatever it says), and the ones it hard-codes (validate.config_fields._rope_problems holds the values).
 ROPE_TYPE = "yarn"
 ROPE_SCALING_READ: frozenset[str] = frozenset({"rope_type", "type", "factor", "beta_fast", "beta_slow"})
 ROPE_SCALING_HARD_CODED: frozenset[str] = frozenset({

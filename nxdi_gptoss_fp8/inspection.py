@@ -287,7 +287,7 @@ def compiled_verdict_summary(path: str) -> dict[str, Any]:
     """``validate COMPILED``'s verdict on ``path`` (its own ``neuron_config.json``): ``ok``,
     ``hint`` and the error ``codes``; a ``neuron_config.json`` that cannot be read is refused."""
     from .errors import ConfigError
-    from .nxdi.config import read_config_file
+    from .validate.nxdi_config import read_config_file
     from .validate.presharded import compiled_verdict, verdict_hint
 
     try:

@@ -42,7 +42,6 @@ import torch
 from . import format as fmt
 from .errors import FailedReportError, IntegrityError, LoadError, ReportBindingError
 from .machine import usable_cpus
-from .nxdi.config import config_attr, neuron_config_view, parse_load_mode, parse_verify_at_load
 from .safeio.files import FileIdentity
 from .safeio.hashing import hash_buffers
 from .safeio.safetensors_header import HeaderError, SafetensorsHeader, read_header_bytes
@@ -50,6 +49,7 @@ from .units import plural
 from .validate.binding import Binding, config_fingerprint
 from .validate.findings import PreflightReport
 from .validate.integrity import DIGESTS_KEY
+from .validate.nxdi_config import config_attr, neuron_config_view, parse_load_mode, parse_verify_at_load
 from .validate.pipeline import allow_custom_from_env, preflight
 from .validate.view import CheckpointView
 

@@ -1,8 +1,8 @@
 """The package layout's rules (docs/architecture.md), read from the source with ``ast``: no import
 circle (``TYPE_CHECKING`` imports included), the tiers import only downward, ``errors`` is a
-leaf, every module declares ``__all__``, no module grows past ~500 lines unless its docstring says why, at most
-20 modules at the top; and the test suite's: only ``conftest.py`` puts ``test/support`` on
-``sys.path``."""
+leaf, every module declares ``__all__``, no module grows past ~500 lines unless its docstring says
+why, at most 20 modules at the top, one module of ``cli/`` per command, named after it; and the
+test suite's: only ``conftest.py`` puts ``test/support`` on ``sys.path``."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ LONG_REASON = "One module over 500 lines: "
 # stdlib tiers: never torch/numpy at module level, never a torch or NxDI tier
 STDLIB_TIERS = (f"{PKG}.safeio", f"{PKG}.validate")
 HEAVY = {"torch", "numpy", "safetensors", "transformers", "neuronx_distributed_inference", "neuronx_distributed"}
-ABOVE_STDLIB = tuple(f"{PKG}.{m}" for m in ("convert", "forward", "synthetic", "cli", "loader", "nxdi.hook", "nxdi.presharded",
-                                             "nxdi.vllm_plugin", "hub", "demo", "inspection"))
+# ``nxdi/`` as a whole: it holds only what plugs into NxDI and vLLM (NxDI's config knowledge is
+# ``validate.nxdi_config``)
+ABOVE_STDLIB = tuple(f"{PKG}.{m}" for m in ("convert", "forward", "synthetic", "cli", "loader", "nxdi", "hub", "demo",
+                                             "inspection"))
 # numpy, optional, tried at import (``deep_scan.np`` is None without it: ``--deep`` then says so)
 HEAVY_ALLOWED = {(f"{PKG}.validate.deep_scan", "numpy")}
 
@@ -220,3 +222,17 @@ def test_only_conftest_puts_test_support_on_the_path() -> None:
                  for line in _module_level_path_edits(ast.parse(path.read_text(encoding="utf-8")))]
     assert offenders == []
     assert _module_level_path_edits(ast.parse("import sys\nsys.path.insert(0, 'support')")) == [2]
+
+
+def test_the_command_line_has_one_module_per_command_named_after_it() -> None:
+    """``cli/<command>.py`` (``-`` spelled ``_``) registers its command beside its handler; every other
+    module of ``cli/`` is shared infrastructure (underscored), the package face or the generated reference."""
+    from nxdi_gptoss_fp8.cli import build_parser
+    from nxdi_gptoss_fp8.cli.reference import subcommands
+
+    commands = {name.replace("-", "_") for name in subcommands(build_parser())}
+    for name in commands:
+        module = __import__(f"{PKG}.cli.{name}", fromlist=["_"])
+        assert hasattr(module, f"add_{name}_command"), name
+    others = {name.rsplit(".", 1)[1] for name in MODULES if name.startswith(f"{PKG}.cli.")} - commands
+    assert {name for name in others if not name.startswith("_")} == {"reference"}

@@ -25,8 +25,8 @@ from ckpt_edit import (
 
 from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.cli import inspect as cli_inspect
 from nxdi_gptoss_fp8.cli import main
-from nxdi_gptoss_fp8.cli import validate as cli_validate
 from nxdi_gptoss_fp8.units import format_bytes
 
 GOOD_NC = {
@@ -65,6 +65,38 @@ def test_validate_json(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]
         "check": "config", "code": "config.wrong_model_type", "severity": "error",
         "message": "model_type is 'llama', expected 'gpt_oss'", "file": "config.json", "key": "model_type",
     }
+
+
+def _timeless(document: dict[str, Any]) -> dict[str, Any]:
+    """A report's document without the one figure two runs never share."""
+    return {**document, "summary": {k: v for k, v in document["summary"].items() if k != "elapsed_s"}}
+
+
+@pytest.mark.parametrize(("case", "options", "keywords"), [
+    ("valid", ["--allow-custom-model"], {"allow_custom_model": True}),
+    ("partial", ["--allow-custom-model", "--headers-only"], {"allow_custom_model": True, "read_scales": False}),
+    ("invalid", ["--allow-custom-model"], {"allow_custom_model": True}),
+    ("hf-mxfp4", [], {}),
+])
+def test_validate_json_is_the_library_report_plus_ok(case: str, options: list[str], keywords: dict[str, Any],
+                                                     tiny_checkpoint: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``validate --json`` prints ``preflight(...).to_dict()`` (``ok`` and the ``hint`` included), nothing added."""
+    from nxdi_gptoss_fp8.synthetic.sources import SOURCE_MXFP4, make_source
+    from nxdi_gptoss_fp8.validate.pipeline import preflight
+
+    path = tiny_checkpoint
+    if case == "invalid":
+        edit_config(path, lambda c: c.__setitem__("model_type", "llama"))
+    elif case == "hf-mxfp4":
+        path = tmp_path / "src"
+        make_source(path, SOURCE_MXFP4)
+    code, out, _ = run(["validate", str(path), "--json", *options], capsys)
+    document = json.loads(out)
+    report = preflight(path, **keywords).to_dict()
+    assert _timeless(document) == _timeless(report) and "ok" in document
+    assert (document["hint"] is not None) == (case == "hf-mxfp4")
+    assert code == {"valid": 0, "partial": 3}.get(case, 1)
 
 
 def _nan_scale(ckpt: Path) -> None:
@@ -608,9 +640,9 @@ def test_an_optional_module_missing_deep_inside_a_command_is_one_line(
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return handler
 
-    monkeypatch.setattr(cli_validate, "_cmd_inspect", needs("safetensors"))
+    monkeypatch.setattr(cli_inspect, "_cmd_inspect", needs("safetensors"))
     code, out, err = run(["inspect", str(tiny_template)], capsys)
     assert code == 2 and out == "" and err.startswith("nxdi-gptoss-fp8 inspect: needs safetensors, which is not installed")
-    monkeypatch.setattr(cli_validate, "_cmd_inspect", needs("no_such_helper"))  # our own bug: not hidden
+    monkeypatch.setattr(cli_inspect, "_cmd_inspect", needs("no_such_helper"))  # our own bug: not hidden
     with pytest.raises(ModuleNotFoundError):
         main(["inspect", str(tiny_template)])

@@ -1,4 +1,4 @@
-"""How a command fails (``cli/failure.py``): every command with ``--json`` answers every error —
+"""How a command fails (``cli/_errors.py``): every command with ``--json`` answers every error —
 usage errors argparse finds included — with the one JSON error document on stdout and one line
 on stderr. The commands are discovered from the parser, so a new command with ``--json`` must
 be added to ``CASES`` (the test says so) and is then covered."""
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nxdi_gptoss_fp8.cli import DEBUG_ENV, build_parser, main
-from nxdi_gptoss_fp8.cli.failure import ERROR_KINDS, Terminated, error_document, interrupted_message, wants_json
+from nxdi_gptoss_fp8.cli._errors import ERROR_KINDS, Terminated, error_document, interrupted_message, wants_json
 
 
 def _json_commands() -> list[str]:

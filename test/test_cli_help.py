@@ -10,8 +10,8 @@ import clients
 import pytest
 
 from nxdi_gptoss_fp8.cli import build_parser, main
-from nxdi_gptoss_fp8.cli.help import EXAMPLES_HEADING, Example, render_examples
-from nxdi_gptoss_fp8.cli.make import MAKE_TINY_EXAMPLES
+from nxdi_gptoss_fp8.cli._help import EXAMPLES_HEADING, Example, render_examples
+from nxdi_gptoss_fp8.cli.make_tiny import MAKE_TINY_EXAMPLES
 from nxdi_gptoss_fp8.cli.reference import subcommands
 
 PROG = "nxdi-gptoss-fp8"
@@ -57,7 +57,7 @@ def test_the_splitter_reads_shell_as_a_user_types_it() -> None:
 def test_every_help_ends_with_its_examples(name: str) -> None:
     parser = command_parsers()[name]
     examples = getattr(parser, "examples", ())
-    assert examples, f"`{PROG} {name} --help` has no examples: pass examples=... to its add_parser (cli/help.py)"
+    assert examples, f"`{PROG} {name} --help` has no examples: pass examples=... to its add_parser (cli/_help.py)"
     text = parser.format_help()
     assert text.rstrip("\n").endswith(render_examples(examples))
     assert text.count(EXAMPLES_HEADING) == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import documents
 
-from nxdi_gptoss_fp8.nxdi.config import SWITCH_OFF, SWITCH_ON
+from nxdi_gptoss_fp8.validate.nxdi_config import SWITCH_OFF, SWITCH_ON
 
 PAGE = "docs/environment-variables.md"
 PACKAGE = documents.REPO / "nxdi_gptoss_fp8"

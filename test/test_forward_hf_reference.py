@@ -22,7 +22,6 @@ from nxdi_gptoss_fp8.errors import ConfigError, ConversionError, CpuModelError
 from nxdi_gptoss_fp8.forward.goldens import make_goldens, read_goldens
 from nxdi_gptoss_fp8.forward.hf_reference import build_reference, reference_dtype
 from nxdi_gptoss_fp8.hub import companion_files
-from nxdi_gptoss_fp8.nxdi.config import parse_reference, reference_choice
 from nxdi_gptoss_fp8.synthetic.sources import (
     SOURCE_BF16,
     SOURCE_COMPRESSED_TENSORS,
@@ -30,6 +29,7 @@ from nxdi_gptoss_fp8.synthetic.sources import (
     SOURCE_MXFP4,
     make_source,
 )
+from nxdi_gptoss_fp8.validate.nxdi_config import parse_reference, reference_choice
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = (3, 7, 1, 9, 2, 5, 11, 4)

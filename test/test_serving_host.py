@@ -26,9 +26,9 @@ from nxdi_gptoss_fp8.nxdi.serving_host import lint_serving_host
 from nxdi_gptoss_fp8.nxdi.vllm_command import (
     MAX_ARGUMENT_BYTES,
     CommandError,
-    neuron_config_from_override,
     read_vllm_command,
 )
+from nxdi_gptoss_fp8.validate.vllm_config import neuron_config_from_override
 
 VOCABULARY = b"c3RhbmQtaW4= 0\n"  # a stand-in for o200k_base.tiktoken (the real one is 3.6 MB)
 OVERRIDE = recipes.VLLM_OVERRIDE_KEY

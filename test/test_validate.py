@@ -410,7 +410,7 @@ def test_allow_custom_from_env(value: str, expected: bool) -> None:
 def test_allow_custom_from_env_refuses_what_it_cannot_read(value: str) -> None:
     """The one on/off parser: a switch that is neither on nor off is an error, never silently off."""
     from nxdi_gptoss_fp8.errors import ConfigError
-    from nxdi_gptoss_fp8.nxdi.config import parse_verify_at_load
+    from nxdi_gptoss_fp8.validate.nxdi_config import parse_verify_at_load
 
     with pytest.raises(ConfigError, match=fmt.ALLOW_CUSTOM_ENV + ".*is not on or off"):
         allow_custom_from_env({fmt.ALLOW_CUSTOM_ENV: value})

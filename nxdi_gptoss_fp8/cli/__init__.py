@@ -21,17 +21,23 @@ from .. import format as fmt
 from .._version import __version__
 from ..deps import OPTIONAL, missing
 from ..errors import ConfigError, MissingDependencyError, NxdiGptossFp8Error
-from ..nxdi.config import switch_from_env
 from ..units import printable
-from ._shared import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, UsageError
-from .convert import add_convert_command, add_verify_conversion_command
-from .env import add_doctor_command, add_env_command
-from .failure import NOTHING_WRITTEN, interrupt_signals, interrupted_message, report_failure
+from ..validate.nxdi_config import switch_from_env
+from ._errors import NOTHING_WRITTEN, UsageError, interrupt_signals, interrupted_message, report_failure
+from ._help import CommandParser, Example
+from ._output import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
+from .check_forward import add_check_forward_command
+from .convert import add_convert_command
+from .demo import add_demo_command
+from .doctor import add_doctor_command
+from .env import add_env_command
 from .goldens import add_goldens_command
-from .help import CommandParser, Example
-from .make import add_demo_command, add_make_tiny_command
-from .nxdi import add_check_forward_command, add_inference_demo_command, add_selfcheck_command
-from .validate import add_inspect_command, add_validate_command
+from .inference_demo import add_inference_demo_command
+from .inspect import add_inspect_command
+from .make_tiny import add_make_tiny_command
+from .selfcheck import add_selfcheck_command
+from .validate import add_validate_command
+from .verify_conversion import add_verify_conversion_command
 
 __all__ = ["DEBUG_ENV", "EXIT_BROKEN_PIPE", "EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "JOB_EXAMPLES",
            "UsageError", "build_parser", "main"]
@@ -82,8 +88,6 @@ def build_parser(prog: str = "nxdi-gptoss-fp8") -> argparse.ArgumentParser:
 
 
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
-
-
 DEBUG_ENV = "NXDI_GPTOSS_FP8_DEBUG"
 
 

@@ -1,27 +1,17 @@
-"""``convert`` and ``verify-conversion`` (need torch; Hub ids through huggingface_hub)."""
+"""``convert``: a GPT-OSS checkpoint (HF MXFP4, HF BF16, compressed-tensors FP8; a directory or a Hub id) to normalized FP8 (needs torch)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 from typing import Any
 
-from ._shared import (
-    EXIT_OK,
-    PARTIAL_OUTPUT_REMOVED,
-    UsageError,
-    _add_output_options,
-    _checkpoint_dir,
-    _needs,
-    _size,
-    print_report,
-    usage_error,
-)
-from .help import Example
+from ._errors import PARTIAL_OUTPUT_REMOVED, UsageError, usage_error
+from ._help import Example
+from ._options import _add_output_options, _add_split_option, _add_workers_option, _needs, _resolve, _size, _workers
+from ._output import print_result
 
-__all__ = ["CONVERT_EXAMPLES", "VERIFY_CONVERSION_EXAMPLES", "add_convert_command", "add_verify_conversion_command"]
+__all__ = ["CONVERT_EXAMPLES", "add_convert_command"]
+
 
 CONVERT_EXAMPLES = (
     Example("the plan first: the files read, the shards written, the free space and the peak memory",
@@ -41,32 +31,6 @@ CONVERT_EXAMPLES = (
             "nxdi-gptoss-fp8 convert /data/models/gpt-oss-120b /data/models/gpt-oss-120b-fp8 --overwrite "
             "--workers 8 --json"),
 )
-
-VERIFY_CONVERSION_EXAMPLES = (
-    Example("compare a conversion with the Hub source it was made from (the commit it recorded)",
-            "nxdi-gptoss-fp8 verify-conversion /data/models/gpt-oss-120b-fp8 --source openai/gpt-oss-120b"),
-    Example("a local source, 8 workers, the per-layer report as JSON",
-            "nxdi-gptoss-fp8 verify-conversion /data/models/gpt-oss-20b-fp8 --source /data/models/gpt-oss-20b "
-            "--workers 8 --json"),
-)
-
-
-def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None,
-             before_shards: Any = None) -> Any:
-    """A local directory or a Hub repo id (``hub.resolve_source``); says on stderr which was used."""
-    from ..errors import ConversionError
-    from ..hub import is_repo_id, recorded_revision, resolve_source
-
-    ambiguous = is_repo_id(spec)
-    if revision is None and recorded_in is not None and ambiguous and not os.path.lexists(spec):
-        revision = recorded_revision(recorded_in, spec)  # the commit the output was converted from
-    try:
-        resolved = resolve_source(spec, revision=revision, before_shards=before_shards)
-    except ConversionError as exc:
-        raise UsageError(str(exc)) from None
-    if ambiguous or resolved.from_hub:
-        print(f"source {resolved.describe()}", file=sys.stderr)
-    return resolved
 
 
 def _plan_or_refuse(args: argparse.Namespace, plan: Any) -> None:
@@ -110,9 +74,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     except ConversionError as exc:  # a source or output we cannot use, or a write that failed
         raise usage_error(exc) from None
     except _PlanShown as shown:
-        return print_report(shown.plan, args.json)
-    print(json.dumps({"ok": True, **report.to_dict()}, indent=2) if args.json else report.render_text())
-    return EXIT_OK
+        return print_result(shown.plan, args.json)
+    return print_result(report, args.json)
 
 
 def add_convert_command(commands: Any) -> None:
@@ -155,62 +118,6 @@ def add_convert_command(commands: Any) -> None:
     convert.set_defaults(handler=_cmd_convert, interrupted=PARTIAL_OUTPUT_REMOVED)
 
 
-def _cmd_verify_conversion(args: argparse.Namespace) -> int:
-    _checkpoint_dir(args.out, "OUT, the converted checkpoint directory")
-    _needs("", "torch", "safetensors")
-    from ..convert.verify import verify_conversion
-    from ..errors import ConversionError
-
-    workers = _workers(args.workers)
-    source = _resolve(args.source, args.revision, recorded_in=args.out)
-    try:  # arguments swapped, or a source that is not one: one line with the hint
-        report = verify_conversion(args.out, source.path, progress=True, gate_up_split=args.ct_gate_up_split,
-                                   given_source=args.source, workers=workers)
-    except ConversionError as exc:
-        raise UsageError(str(exc)) from None
-    return print_report(report, args.json)
-
-
-def add_verify_conversion_command(commands: Any) -> None:
-    """The ``verify-conversion`` command's parser, beside its handler."""
-    verify_conversion = commands.add_parser(
-        "verify-conversion", help="compare a converted checkpoint with its source, value by value (needs torch)",
-        description="Re-read OUT and SRC one expert at a time: every non-expert tensor must be bit-exact, every "
-                    "FP8 expert value exact where E4M3 allows and within half an E4M3 step otherwise. Prints a "
-                    "per-layer table; exit 1 on any violation.",
-        examples=VERIFY_CONVERSION_EXAMPLES,
-    )
-    verify_conversion.add_argument("out", metavar="OUT", help="the converted checkpoint directory")
-    verify_conversion.add_argument("--source", required=True, metavar="SRC",
-                                   help="the source it was converted from: a directory or a Hub repo id")
-    verify_conversion.add_argument("--revision", metavar="R", help="Hub revision of a repo-id SRC (default: the commit "
-                                                                 "OUT records, else main)")
-    _add_split_option(verify_conversion)
-    _add_workers_option(verify_conversion, "compared")
-    verify_conversion.add_argument("--json", action="store_true", help="print the report (or the error) as JSON")
-    verify_conversion.set_defaults(handler=_cmd_verify_conversion)
-
-
-def _workers(value: int | None) -> int | None:
-    """``--workers`` checked (a usage error, exit 2, outside 1…MAX_WORKERS)."""
-    from ..convert.workers import check_workers
-
-    try:
-        return None if value is None else check_workers(value)
-    except ValueError as exc:
-        raise UsageError(f"--{exc}") from None
-
-
-def _add_workers_option(command: argparse.ArgumentParser, what: str) -> None:
-    """``--workers N`` of convert and verify-conversion (``convert.workers``)."""
-    command.add_argument("--workers", type=int, metavar="N",
-                         help=f"experts {what} at once: up to 3 as threads, from 4 on as N/2 worker processes "
-                              "taking whole layers (default: the CPUs this process may use, after its affinity and "
-                              "cgroup quota; one process for models under 1 GB); fewer, with a warning, when the "
-                              "available memory cannot hold them, or more than one process per layer and 8 lanes "
-                              "each would be needed. N is 1 … 1024. The result does not depend on N")
-
-
 def _add_target_option(command: argparse.ArgumentParser) -> None:
     """``--target NAME``: a named geometry, a preset over the padded sizes (``format.TARGETS``)."""
     from ..padding import TARGETS
@@ -221,10 +128,3 @@ def _add_target_option(command: argparse.ArgumentParser) -> None:
                          help=f"convert for a named geometry and record it in the index (metadata.target), which "
                               f"inspect and validate name. {described}. --padded-hidden-size/--padded-intermediate-size "
                               "may be given too only with the target's values (others are refused)")
-
-
-def _add_split_option(command: argparse.ArgumentParser) -> None:
-    """compressed-tensors sources whose files cannot tell how gate_up was split."""
-    command.add_argument("--ct-gate-up-split", choices=("interleaved", "halves"), default=None,
-                         help="compressed-tensors FP8 sources only, when the converter asks: how llm-compressor "
-                              "split gate_up_proj (halves: llm-compressor 0.12.0-0.13.0; interleaved: other versions)")

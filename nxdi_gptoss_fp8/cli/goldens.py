@@ -1,4 +1,5 @@
-"""The ``goldens`` command: the file NxDI's ``--expected-outputs-path`` reads, computed on a CPU host."""
+"""The ``goldens`` command: the file NxDI's ``--expected-outputs-path`` reads, computed on a CPU host.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import sys
 from typing import Any
 
 from .. import format as fmt
-from ._shared import UsageError, _allow_custom, _checkpoint_dir, _needs, print_report
-from .help import Example
+from ._errors import UsageError
+from ._help import Example
+from ._options import _allow_custom, _checkpoint_dir, _needs
+from ._output import print_result
 
 __all__ = ["GOLDENS_EXAMPLES", "add_goldens_command"]
+
 
 GOLDENS_EXAMPLES = (
     Example("the numbers the device holds: a reference dequantized from the checkpoint itself",
@@ -46,7 +50,7 @@ def _cmd_goldens(args: argparse.Namespace) -> int:
             say=lambda line: print(f"nxdi-gptoss-fp8 goldens: {line}", file=sys.stderr, flush=True))
     except CpuModelError as exc:  # the host cannot hold the reference: an environment problem (exit 2)
         raise UsageError(str(exc)) from None
-    return print_report(report, args.json)
+    return print_result(report, args.json)
 
 
 def add_goldens_command(commands: Any) -> None:

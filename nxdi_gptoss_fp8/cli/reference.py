@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from .. import format as fmt
 from . import build_parser
-from .help import Example, render_examples
+from ._help import Example, render_examples
 
 __all__ = ["PAGE", "REGENERATE", "render_reference", "subcommands"]
 

@@ -1,32 +1,23 @@
-"""``validate`` and ``inspect``: the preflight and the format doctor on the command line."""
+"""``validate``: the fail-closed preflight of a checkpoint, or of a compiled directory's pre-sharded weights."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
 from .. import format as fmt
 from ..units import printable
 from ..validate.verdict import checkpoint_verdict
-from ._shared import (
-    EXIT_FINDINGS,
-    EXIT_OK,
-    EXIT_PARTIAL,
-    UsageError,
-    _allow_custom,
-    _checkpoint_dir,
-    _load_neuron_config,
-    _needs,
-)
-from .help import Example
+from ._errors import UsageError
+from ._help import Example
+from ._options import _allow_custom, _checkpoint_dir, _load_neuron_config, _needs
+from ._output import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, print_result
 
-__all__ = ["INSPECT_EXAMPLES", "TEXT_FINDINGS_LIMIT", "VALIDATE_EXAMPLES", "add_inspect_command", "add_validate_command"]
+__all__ = ["MAX_RANK", "TEXT_FINDINGS_LIMIT", "VALIDATE_EXAMPLES", "add_validate_command"]
 
 
 TEXT_FINDINGS_LIMIT = 50
-
 VALIDATE_EXAMPLES = (
     Example("check a converted checkpoint before loading it (headers and scales; any host, no Neuron SDK)",
             "nxdi-gptoss-fp8 validate /data/models/gpt-oss-120b-fp8"),
@@ -56,8 +47,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         _needs("--deep", "numpy")
     neuron_config = _load_neuron_config(args.neuron_config)
     # another kind of checkpoint (HF, compressed-tensors, legacy), or pre-sharded weights copied
-    # without their compiled directory: inspect's one-line verdict and action first (the one
-    # verdict doctor gives for a vllm serve command too)
+    # without their compiled directory: the report's hint, inspect's one-line verdict and action,
+    # first (the one verdict doctor gives for a vllm serve command too)
     verdict = checkpoint_verdict(
         args.path,
         neuron_config=neuron_config,
@@ -66,16 +57,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         deep=args.deep,
         verify_checksums=args.verify_checksums,
     )
-    report, hint = verdict.report, verdict.hint
+    report = verdict.report
+    code = EXIT_FINDINGS if not report.clean else EXIT_OK if report.complete else EXIT_PARTIAL
     if args.json:
-        print(json.dumps({**report.to_dict(), "hint": hint}, indent=2))
-    else:
-        if hint:
-            print(printable(hint))
-        print(report.render_text(limit=None, summarize=False) if args.all else report.render_text(limit=TEXT_FINDINGS_LIMIT))
-    if not report.clean:
-        return EXIT_FINDINGS
-    return EXIT_OK if report.complete else EXIT_PARTIAL
+        return print_result(report, True, exit_code=code)
+    text = report.render_text(limit=None, summarize=False) if args.all else report.render_text(limit=TEXT_FINDINGS_LIMIT)
+    return print_result(report, False, text=f"{printable(report.hint)}\n{text}" if report.hint else text, exit_code=code)
 
 
 def add_validate_command(commands: Any) -> None:
@@ -131,7 +118,7 @@ def _validate_compiled(args: argparse.Namespace, compiled: str) -> int:
     checkpoint that config names and the source checkpoint when it is here — the verdict the
     load and ``inspect`` reach (``validate.presharded.compiled_verdict``)."""
     from ..recognize import NEURON_CONFIG_FILE
-    from ..validate.presharded import compiled_verdict, loader_source, verdict_hint
+    from ..validate.presharded import NoShardedWeights, compiled_verdict, loader_source
 
     if args.deep or args.headers_only:
         raise UsageError(f"{compiled} is a compiled NxDI model directory: --deep and --headers-only apply to "
@@ -143,19 +130,11 @@ def _validate_compiled(args: argparse.Namespace, compiled: str) -> int:
             "--neuron-config: ", "")) from None
     assert config is not None
     check = compiled_verdict(compiled, config, ranks=args.ranks, verify=args.verify_checksums, progress=None)
-    hint = verdict_hint(compiled, check)
     if check is None:
-        source = loader_source(config) or "the checkpoint it was compiled from"
-        message = (f"{compiled}: no pre-sharded weights (save_sharded_checkpoint is off): NxDI's weights are sharded at "
-                   f"load from the checkpoint, where the preflight runs; validate {source}")
-        print(json.dumps({"ok": True, "path": compiled, "findings": [], "message": message, "hint": hint}, indent=2)
-              if args.json else message)
-        return EXIT_OK
-    if args.json:
-        print(json.dumps({**check.to_dict(), "hint": hint}, indent=2))
-    else:
-        print(check.render_text(limit=None if args.all else TEXT_FINDINGS_LIMIT))
-    return EXIT_OK if check.ok else EXIT_FINDINGS
+        return print_result(NoShardedWeights(compiled, loader_source(config) or "the checkpoint it was compiled from"),
+                            args.json)
+    return print_result(check, args.json, text=None if args.json else check.render_text(
+        limit=None if args.all else TEXT_FINDINGS_LIMIT))
 
 
 MAX_RANK = 1 << 16  # the manifest's bound on ranks
@@ -175,48 +154,3 @@ def _rank_list(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"{start}-{stop} is not a range of ranks in 0 … {MAX_RANK - 1} (START ≤ END)")
         ranks.update(range(start, stop + 1))
     return sorted(ranks)
-
-
-INSPECT_EXAMPLES = (
-    Example("what a downloaded checkpoint is, and the command that converts or loads it",
-            "nxdi-gptoss-fp8 inspect /data/models/gpt-oss-120b"),
-    Example("a normalized checkpoint's shards, bytes by dtype, padding and verdict, as JSON",
-            "nxdi-gptoss-fp8 inspect /data/models/gpt-oss-120b-fp8 --json"),
-    Example("a compiled NxDI model directory: its pre-sharded weights' manifest and verdict",
-            "nxdi-gptoss-fp8 inspect /data/neuron-compiled/gpt-oss-120b-fp8-tp64"),
-)
-
-
-def _cmd_inspect(args: argparse.Namespace) -> int:
-    from ..inspection import inspect_directory
-    from ..recognize import NOT_A_DIRECTORY
-
-    inspection = inspect_directory(args.path, allow_custom_model=_allow_custom(args))
-    if inspection.recognition.kind == NOT_A_DIRECTORY:  # a usage error, in text and JSON alike
-        raise UsageError("; ".join(inspection.recognition.evidence))
-    if args.json:
-        print(json.dumps(inspection.to_dict(), indent=2))
-    else:
-        print(inspection.render_text())
-    return EXIT_OK if inspection.succeeded else EXIT_FINDINGS
-
-
-def add_inspect_command(commands: Any) -> None:
-    """The ``inspect`` command's parser, beside its handler."""
-    inspect = commands.add_parser(
-        "inspect", help="say which checkpoint any directory is and what to do with it; summarize a normalized one",
-        description="Recognize any directory (HF MXFP4 or BF16, compressed-tensors FP8, NxDI legacy, normalized FP8, "
-                    "NxDI pre-sharded weights, a compiled NxDI model) from its files and tensor names: the "
-                    "CHECKPOINT_FORMAT value or the command that applies, and why. A normalized checkpoint also "
-                    "gets its shards, tensors, bytes by dtype, profile, padding and preflight verdict (with the "
-                    "first findings when invalid); a compiled NxDI model directory its pre-sharded weights' manifest "
-                    "and validate's verdict on them.\n\n"
-                    "Exit 0 recognized (and valid: a normalized checkpoint's preflight, a compiled directory's "
-                    "validate), 1 invalid or unrecognized, 2 not a directory.",
-        examples=INSPECT_EXAMPLES,
-    )
-    inspect.add_argument("path", metavar="DIR", help="any directory")
-    inspect.add_argument("--json", action="store_true", help="print the recognition and summary as JSON")
-    inspect.add_argument("--allow-custom-model", action="store_true",
-                         help=f"accept model_profile 'custom' as validate does; also {fmt.ALLOW_CUSTOM_ENV}=1")
-    inspect.set_defaults(handler=_cmd_inspect)

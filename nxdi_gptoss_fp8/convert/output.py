@@ -86,6 +86,11 @@ class ConversionReport:
     target: str | None = None  # the named conversion target (format.TARGETS), if any
 
     @property
+    def ok(self) -> bool:
+        """Always: a report exists only for a conversion that finished (a failed one raises)."""
+        return True
+
+    @property
     def fp8_values(self) -> int:
         return sum(s.values for s in self.experts)
 

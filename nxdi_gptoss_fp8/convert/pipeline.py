@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import format as fmt
-from ..config_fields import config_field_problems
 from ..errors import ConversionError
 from ..padding import TARGETS
 from ..progress import Progress
 from ..units import parse_size, plural
+from ..validate.config_fields import config_field_problems
 from ..writer import CheckpointWriter
 from .card import CARD_FILE, card_size_bound, write_model_card
 from .kinds.base import SourceKind

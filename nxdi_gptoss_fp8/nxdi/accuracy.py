@@ -45,8 +45,8 @@ def load_reference(model_path: Any, config: Any, **kwargs: Any) -> Any:
     line, when none is set or the value cannot be used). Its dtype: ``dtype`` / ``torch_dtype`` in
     ``kwargs``, else the NeuronConfig's ``torch_dtype`` when bfloat16 or float32 (the model under
     test's), else bfloat16."""
+    from ..validate.nxdi_config import reference_choice
     from ..validate.pipeline import allow_custom_from_env
-    from .config import reference_choice
 
     choice = reference_choice(config)
     if choice is None:

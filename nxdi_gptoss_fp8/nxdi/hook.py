@@ -41,9 +41,9 @@ from .. import format as fmt
 from ..deps import importable
 from ..errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError, refusals_stop_the_start
 from ..validate.findings import PreflightReport
+from ..validate.nxdi_config import config_attr, neuron_config_view
 from ..validate.pipeline import allow_custom_from_env, preflight
 from .accuracy import ConfigAwareStaticMethod, wrap_load_hf_model
-from .config import config_attr, neuron_config_view
 from .presharded import SHARD_SOURCES, fingerprint_or_none, record_source, wrap_load_weights, wrap_shard_weights
 from .recipes import vllm_hint
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import format as fmt
+from ..validate.vllm_config import VLLM_OVERRIDE_KEY
 
 __all__ = [
     "ACCURACY_PROMPT", "ACCURACY_TOKENS", "DEFAULT_VLLM_SETTINGS", "HARMONY_VOCABULARY_URL",
@@ -28,7 +29,6 @@ __all__ = [
 ]
 
 MODULES_TO_NOT_CONVERT = ("lm_head", "self_attn")  # NxD's substring rule: attention and lm_head stay BF16
-VLLM_OVERRIDE_KEY = "override_neuron_config"  # the only key vllm-neuron reads (not "override-neuron-config")
 VLLM_ADDITIONAL_CONFIG_FLAG = "--additional-config"
 # the NeuronConfig keys that say "this checkpoint is normalized FP8"; vLLM's defaults lack all of them
 QUANTIZATION_KEYS = ("quantized", "quantized_checkpoints_path", "quantization_type", "quantization_dtype",

@@ -35,8 +35,9 @@ from typing import Any
 from ..errors import ConfigError
 from ..hub import is_repo_id
 from ..safeio.hashing import sha256_file
-from .recipes import HARMONY_VOCABULARY_URL, VLLM_ADDITIONAL_CONFIG_FLAG, VLLM_OVERRIDE_KEY
-from .vllm_command import CommandError, VllmCommand, read_vllm_command, settings_from_command, vllm_neuron_config
+from ..validate.vllm_config import VLLM_OVERRIDE_KEY, vllm_neuron_config
+from .recipes import HARMONY_VOCABULARY_URL, VLLM_ADDITIONAL_CONFIG_FLAG
+from .vllm_command import CommandError, VllmCommand, read_vllm_command, settings_from_command
 
 __all__ = ["HARMONY_VOCABULARY", "MAX_SHOWN_FINDINGS", "O200K_BASE_SHA256", "CommandError", "HostFinding", "HostReport",
            "lint_serving_host"]
@@ -156,7 +157,7 @@ def _command_findings(command: VllmCommand, findings: list[HostFinding]) -> dict
     if isinstance(override, dict):
         return override
     if override:  # vllm-neuron takes a falsy value for "no override" and fails on any other
-        from .config import describe
+        from ..validate.nxdi_config import describe
 
         _finding(findings, "bad_override", f"{flag}.{VLLM_OVERRIDE_KEY}", f"{VLLM_OVERRIDE_KEY} is {describe(override)}: "
                  "vllm-neuron fails on anything but a JSON object of NeuronConfig attributes")
@@ -210,7 +211,7 @@ def _compiled_artifacts(environ: Mapping[str, str], model: str | None, findings:
     """The ``NEURON_COMPILED_ARTIFACTS`` checks; the precompiled ``neuron_config.json`` vLLM
     would load instead of building one (None: it builds one from the command)."""
     from ..recognize import COMPILED_MODEL_FILE, NEURON_CONFIG_FILE
-    from .config import read_config_file
+    from ..validate.nxdi_config import read_config_file
 
     compiled = environ.get(ENV_COMPILED)
     if not compiled:
@@ -270,9 +271,9 @@ def _checkpoint(model: str, config: Any, model_config: dict[str, Any] | None, en
     ``checkpoint_loader_fn``), judged by ``checkpoint_verdict`` with ``config``: the preflight the
     hook runs at the start. Returns how many of its findings were not shown."""
     from .. import format as fmt
+    from ..validate.nxdi_config import config_attr, neuron_config_view
     from ..validate.pipeline import allow_custom_from_env
     from ..validate.verdict import checkpoint_verdict
-    from .config import config_attr, neuron_config_view
 
     try:
         allow_custom = allow_custom_from_env(environ)

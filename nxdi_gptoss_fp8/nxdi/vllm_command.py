@@ -1,5 +1,5 @@
-"""A ``vllm serve`` command line read as vLLM reads it, and the NeuronConfig vllm-neuron builds
-from it. Stdlib only; nothing is imported from vLLM (it is not needed to read its command line).
+"""A ``vllm serve`` command line read as vLLM reads it, and the settings vLLM derives from it (the
+NeuronConfig vllm-neuron builds from them: ``validate.vllm_config``). Stdlib only; nothing is imported from vLLM (it is not needed to read its command line).
 
 How the command is read (vLLM 0.10.2 / 0.11.0, the versions vllm-neuron 0.1.0 / 0.2.0 pin):
 
@@ -41,11 +41,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .recipes import VLLM_ADDITIONAL_CONFIG_FLAG, VLLM_OVERRIDE_KEY
+from ..validate.vllm_config import VLLM_OVERRIDE_KEY, VllmSettings
+from .recipes import VLLM_ADDITIONAL_CONFIG_FLAG
 
 __all__ = [
     "BOOLEAN_OPTIONS", "MAX_ARGUMENT_BYTES", "NARGS_OPTIONS", "SHORT_OPTIONS", "CommandError", "CommandProblem",
-    "VllmCommand", "VllmSettings", "neuron_config_from_override", "read_vllm_command", "vllm_neuron_config",
+    "VllmCommand", "read_vllm_command", "settings_from_command",
 ]
 
 # Linux's MAX_ARG_STRLEN: no single argument longer than this reaches a program (execve refuses it)
@@ -305,23 +306,7 @@ def _model(command: VllmCommand, positionals: list[str]) -> None:
                        "model and refuses the rest; is an option missing its name?")
 
 
-# --------------------------------------------------------------------------- vllm-neuron's NeuronConfig
-
-
-@dataclass(frozen=True)
-class VllmSettings:
-    """What vllm-neuron's ``_get_default_neuron_config`` reads from vLLM's configs, as vLLM and
-    vllm-neuron's platform set them (``check_and_update_config``: chunked prefill off, 32
-    sequences when ``--max-num-seqs`` is not given, ``block_size = max_model_len`` without prefix
-    caching; vLLM turns prefix caching on unless told otherwise)."""
-
-    tensor_parallel_size: Any = 1
-    max_model_len: Any = None
-    max_num_seqs: Any = 32
-    block_size: Any = 32
-    enable_prefix_caching: bool = True
-    torch_dtype: Any = None
-    num_gpu_blocks_override: Any = None
+# --------------------------------------------------------------------------- vLLM's settings
 
 
 def _integer(text: Any) -> Any:
@@ -374,42 +359,3 @@ def settings_from_command(command: VllmCommand, hf_config: Mapping[str, Any] | N
                         max_num_seqs=values["max_num_seqs"] or 32, block_size=block_size,
                         enable_prefix_caching=prefix_caching, torch_dtype=torch_dtype,
                         num_gpu_blocks_override=values["num_gpu_blocks_override"]), problems
-
-
-def vllm_neuron_config(settings: VllmSettings, override: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The NeuronConfig attributes vllm-neuron hands NxDI (``get_neuron_model``): its defaults
-    from vLLM's settings, then ``override_neuron_config`` over them, with ``quantization_type`` /
-    ``quantization_dtype`` filled in as ``per_tensor_symmetric`` / ``int8`` when the override sets
-    ``quantized`` without them (0.2.0 does it; at 0.1.0 NxDI's NeuronConfig defaults give the
-    same values). Objects vllm-neuron builds (``OnDeviceSamplingConfig``) are their fields here."""
-    batch_size = settings.max_num_seqs
-    seq_len = settings.max_model_len
-    blocks = settings.num_gpu_blocks_override
-    if blocks is None and all(type(v) is int and v > 0 for v in (seq_len, settings.block_size, batch_size)):
-        blocks = (seq_len // settings.block_size) * batch_size
-    config: dict[str, Any] = {
-        "tp_degree": settings.tensor_parallel_size, "ctx_batch_size": 1, "batch_size": batch_size,
-        "max_context_length": seq_len, "seq_len": seq_len, "enable_bucketing": True,
-        "is_continuous_batching": type(batch_size) is int and batch_size > 1, "quantized": False,
-        "torch_dtype": settings.torch_dtype, "padding_side": "right",
-        "on_device_sampling_config": {"dynamic": True, "deterministic": False}, "lora_config": None,
-        "pa_num_blocks": blocks, "pa_block_size": settings.block_size,
-        "is_block_kv_layout": settings.enable_prefix_caching, "is_prefix_caching": settings.enable_prefix_caching,
-    }
-    override = dict(override or {})
-    config.update(override)
-    for key in ("text_neuron_config", "vision_neuron_config"):
-        config.pop(key, None)
-    if "quantized" in override:
-        config["quantization_type"] = override.get("quantization_type", "per_tensor_symmetric")
-        config["quantization_dtype"] = override.get("quantization_dtype", "int8")
-        config["quantized_checkpoints_path"] = override.get("quantized_checkpoints_path")
-    return config
-
-
-def neuron_config_from_override(document: Mapping[str, Any]) -> dict[str, Any]:
-    """``--additional-config``'s JSON (``{"override_neuron_config": {...}}``) as the NeuronConfig
-    vllm-neuron builds from it with vLLM's default settings (what ``validate --neuron-config``
-    checks for a file in that form)."""
-    override = document.get(VLLM_OVERRIDE_KEY)
-    return vllm_neuron_config(VllmSettings(), override if isinstance(override, Mapping) else None)

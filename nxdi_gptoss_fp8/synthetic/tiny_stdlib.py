@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import format as fmt
-from ..config_fields import config_field_problems
 from ..padding import padding_region
+from ..validate.config_fields import config_field_problems
 from ..writer import CheckpointWriter
 
 __all__ = [

@@ -8,8 +8,12 @@ import os
 from typing import Any
 
 from .. import format as fmt
-from ..config_fields import config_field_problems
-from ..nxdi.config import (
+from ..units import plural
+from .config_fields import config_field_problems
+from .directory import _read_json_file
+from .findings import PreflightReport, Severity
+from .foreign import nested_advice
+from .nxdi_config import (
     Problem,
     bounded_int,
     has_model_fields,
@@ -18,10 +22,6 @@ from ..nxdi.config import (
     neuron_config_problems,
     neuron_config_view,
 )
-from ..units import plural
-from .directory import _read_json_file
-from .findings import PreflightReport, Severity
-from .foreign import nested_advice
 from .view import CheckpointView
 
 __all__ = ["bound_config", "check_neuron_config"]
@@ -145,7 +145,7 @@ def _check_inference_config(view: CheckpointView, report: PreflightReport, confi
 def check_neuron_config(view: CheckpointView, report: PreflightReport, neuron_config: Any) -> None:
     """The ``neuron_config`` checks (docs/format.md, Findings by check): what NxDI needs to run this checkpoint.
 
-    One rule set (``nxdi.config.neuron_config_problems``) for NxDI's objects and for JSON
+    One rule set (``nxdi_config.neuron_config_problems``) for NxDI's objects and for JSON
     (flat, or nested as NxDI saves it: then its model part is held against ``config.json``).
     """
     nc = neuron_config_view(neuron_config)

@@ -169,6 +169,19 @@ class PreflightReport:
         """The verdict: complete and clean. A partial run is never ok, however clean."""
         return self.clean and self.complete
 
+    @property
+    def hint(self) -> str | None:
+        """For a refused directory that is another kind of checkpoint (HF, compressed-tensors,
+        legacy, pre-sharded weights, a compiled NxDI model directory): ``inspect``'s one-line
+        verdict and action, which ``validate`` and ``doctor`` print first; else None. The
+        directory is recognized once, when first asked."""
+        if self.ok or self.view is None:
+            return None
+        from .foreign import refused_recognition
+
+        recognition = refused_recognition(self.view)
+        return recognition.hint() if recognition is not None else None
+
     def codes(self) -> list[str]:
         """The codes of the stored findings (see ``omitted`` for those only counted)."""
         return [f.code for f in self.findings]
@@ -210,6 +223,7 @@ class PreflightReport:
             "findings": [f.to_dict() for f in self.findings],
             # code → findings beyond MAX_FINDINGS_PER_CODE, counted not stored (only when any)
             **({"omitted": dict(self.omitted)} if self.omitted else {}),
+            "hint": self.hint,
         }
 
     def to_json(self) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from .view import CheckpointView
 
-__all__ = ["foreign_recognition", "nested_advice"]
+__all__ = ["foreign_recognition", "nested_advice", "refused_recognition"]
 
 
 # The checkpoint kinds ``recognize`` names that are not normalized (compiled NxDI output and
@@ -36,6 +36,19 @@ def nested_advice(view: CheckpointView) -> str | None:
     when the directory is no checkpoint but holds one a level down (``recognize``), else None."""
     foreign_recognition(view)
     return view.recognition.hint() if view.recognition.inside else None
+
+
+def refused_recognition(view: CheckpointView) -> Any:
+    """What ``inspect`` says a directory the preflight refused is, when it is a kind of directory
+    ``recognize`` knows other than a normalized checkpoint (HF, compressed-tensors, legacy,
+    pre-sharded weights, a compiled NxDI model directory) or a folder that holds a checkpoint one
+    level down, else None: its ``hint()`` is ``PreflightReport.hint``."""
+    from ..recognize import NORMALIZED
+
+    foreign_recognition(view)  # recognizes the directory once, into view.recognition
+    recognition = view.recognition
+    known = recognition is not None and ((recognition.known and recognition.kind != NORMALIZED) or recognition.inside)
+    return recognition if known else None
 
 
 def _foreign_advice(view: CheckpointView) -> str | None:

@@ -8,11 +8,11 @@ from typing import Any
 
 from .. import format as fmt
 from .. import other_formats
-from ..nxdi.config import bounded_int, describe
 from ..padding import TARGETS, target_problems
 from .directory import _read_json_file, _shard_name_problem
 from .findings import MAX_FINDINGS_PER_CODE, PreflightReport
 from .foreign import _foreign_advice
+from .nxdi_config import bounded_int, describe
 from .shards import _first_members
 from .view import CheckpointView
 

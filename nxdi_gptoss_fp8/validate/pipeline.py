@@ -15,7 +15,6 @@ from typing import Any
 
 from .. import format as fmt
 from ..deps import missing
-from ..nxdi.config import describe, read_config_file, switch_from_env
 from .binding import seal
 from .config import (
     _check_config,
@@ -29,6 +28,7 @@ from .findings import PreflightReport, Severity
 from .index import _check_index
 from .integrity import check_digests
 from .namespace import _check_dtype_shape, _check_namespace, _check_sidecars
+from .nxdi_config import describe, read_config_file, switch_from_env
 from .scales import _check_scale_values, _check_total_size, _scales_trusted
 from .shards import _check_collisions, _check_ownership, _read_headers
 from .view import CheckpointView
@@ -41,7 +41,7 @@ NOT_CHECKED_SCALES = "scale values"
 
 def allow_custom_from_env(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL`` opts in to custom-profile checkpoints
-    (``nxdi.config.parse_switch``; ``ConfigError`` for a value that is neither on nor off)."""
+    (``nxdi_config.parse_switch``; ``ConfigError`` for a value that is neither on nor off)."""
     return switch_from_env(fmt.ALLOW_CUSTOM_ENV, os.environ if environ is None else environ,
                            "accept custom-profile checkpoints")
 

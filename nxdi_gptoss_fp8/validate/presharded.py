@@ -44,13 +44,13 @@ from typing import Any
 from .. import format as fmt
 from ..errors import IntegrityError, NotRegularFileError, ShardedWeightsError
 from ..machine import usable_cpus
-from ..nxdi.config import config_attr, neuron_config_view
 from ..progress import Progress
 from ..safeio.files import FileIdentity
 from ..safeio.hashing import hash_files
 from ..safeio.safetensors_header import HeaderError
 from ..units import format_bytes, format_duration, plural, printable
 from .findings import PreflightReport, Severity
+from .nxdi_config import config_attr, neuron_config_view
 from .presharded_manifest import (
     MANIFEST_FILE,
     MAX_RANKS,
@@ -71,8 +71,8 @@ from .presharded_manifest import (
 )
 
 __all__ = [
-    "CHECK", "LEFTOVER_FILE", "ShardedCheck", "ShardedWeightsError", "changed_since", "check_presharded",
-    "compiled_verdict", "describe_presharded", "loader_source", "manifest_summary", "refusal", "verdict_hint",
+    "CHECK", "LEFTOVER_FILE", "NoShardedWeights", "ShardedCheck", "ShardedWeightsError", "changed_since",
+    "check_presharded", "compiled_verdict", "describe_presharded", "loader_source", "manifest_summary", "refusal", "verdict_hint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,9 +107,12 @@ class ShardedCheck:
         self.report.add(CHECK, reason, message, file=file, key=key, severity=severity)
 
     def to_dict(self) -> dict[str, Any]:
+        """``validate COMPILED --json``: the findings, what was checked and the one-line ``hint``."""
         data = self.report.to_dict()
+        del data["hint"]  # this check's own verdict line, last
         data.update({"ok": self.ok, "complete": True, "ranks_checked": self.ranks, "bytes_hashed": self.bytes_hashed,
-                     "manifest": manifest_summary(self.manifest) if self.manifest else None})
+                     "manifest": manifest_summary(self.manifest) if self.manifest else None,
+                     "hint": verdict_hint(self.compiled_dir, self)})
         return data
 
     def render_text(self, limit: int | None = None) -> str:
@@ -120,6 +123,25 @@ class ShardedCheck:
                                f"checked, {plural(self.report.error_count, 'error')}, "
                                f"{plural(self.report.warning_count, 'warning')}{hashed}; {format_duration(self.elapsed_s)}"))
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class NoShardedWeights:
+    """``validate COMPILED``'s result for a compiled directory without pre-sharded weights
+    (``compiled_verdict`` is None): nothing to check here, NxDI shards ``source`` at load."""
+
+    compiled_dir: str
+    source: str  # the checkpoint the config names, or what to look for
+
+    ok = True
+
+    def render_text(self) -> str:
+        return (f"{self.compiled_dir}: no pre-sharded weights (save_sharded_checkpoint is off): NxDI's weights are "
+                f"sharded at load from the checkpoint, where the preflight runs; validate {self.source}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": True, "path": self.compiled_dir, "findings": [], "message": self.render_text(),
+                "hint": verdict_hint(self.compiled_dir, None)}
 
 
 def loader_source(config: Any, model_path: str | os.PathLike[str] | None = None) -> str | None:

@@ -26,7 +26,6 @@ from .. import format as fmt
 from .._version import __version__
 from ..errors import FileTooLargeError, IntegrityError
 from ..machine import usable_cpus
-from ..nxdi.config import config_attr, neuron_config_view
 from ..progress import Progress
 from ..safeio.files import FileIdentity, open_regular, read_bounded, write_atomically
 from ..safeio.hashing import hash_files
@@ -35,6 +34,7 @@ from ..safeio.safetensors_header import PREFIX_SIZE, HeaderError, parse_header_b
 from ..safeio.strict_json import JsonError, parse_json_strict
 from ..units import printable
 from .integrity import DIGESTS_KEY
+from .nxdi_config import config_attr, neuron_config_view
 
 __all__ = [
     "MANIFEST_FILE",

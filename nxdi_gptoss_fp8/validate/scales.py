@@ -10,11 +10,11 @@ from typing import Any
 
 from .. import format as fmt
 from ..machine import cache_chunk_bytes
-from ..nxdi.config import bounded_int
 from ..safeio.files import open_regular
 from ..safeio.safetensors_header import TensorInfo
 from .findings import PreflightReport, Severity
 from .namespace import _BEGIN, _END
+from .nxdi_config import bounded_int
 from .view import CheckpointView
 
 __all__ = ["MAX_SCALE_BYTES", "ScaleStats", "loaded_numpy", "scale_stats"]

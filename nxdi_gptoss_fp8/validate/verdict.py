@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .findings import PreflightReport
-from .foreign import foreign_recognition
+from .foreign import refused_recognition
 from .pipeline import preflight
 
 __all__ = ["CheckpointVerdict", "checkpoint_verdict"]
@@ -29,24 +29,17 @@ class CheckpointVerdict:
 
     @property
     def hint(self) -> str | None:
-        """``inspect``'s one line: what the directory is, and the action."""
-        return self.recognition.hint() if self.recognition is not None else None
+        """``inspect``'s one line: what the directory is, and the action (``PreflightReport.hint``)."""
+        return self.report.hint
 
 
 def checkpoint_verdict(path: str | os.PathLike[str], *, neuron_config: Any = None, inference_config: Any = None,
                        allow_custom_model: bool = False, read_scales: bool = True, deep: bool = False,
                        verify_checksums: bool = False) -> CheckpointVerdict:
     """``preflight(path, ...)`` (the same arguments) and, when it fails, what the directory is."""
-    from ..recognize import NORMALIZED
-
     report = preflight(path, neuron_config=neuron_config, inference_config=inference_config,
                        allow_custom_model=allow_custom_model, read_scales=read_scales, deep=deep,
                        verify_checksums=verify_checksums)
-    view = report.view
-    if report.ok or view is None:
+    if report.ok or report.view is None:
         return CheckpointVerdict(report)
-    foreign_recognition(view)  # recognizes the directory once, into view.recognition
-    recognition = view.recognition
-    # another kind of checkpoint, or a folder that holds a checkpoint one level down
-    known = recognition is not None and ((recognition.known and recognition.kind != NORMALIZED) or recognition.inside)
-    return CheckpointVerdict(report, recognition if known else None)
+    return CheckpointVerdict(report, refused_recognition(report.view))

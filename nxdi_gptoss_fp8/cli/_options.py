@@ -1,55 +1,23 @@
-"""What every command shares: exit codes, the usage error, argument checks and common options."""
+"""The arguments several commands share, checked the same way: a checkpoint directory, a
+``--neuron-config`` file, the custom-model opt-in, sizes, the output options of every command that
+writes a checkpoint, a source given as a directory or a Hub id, ``--workers`` and
+``--ct-gate-up-split``; and the optional dependency a command needs, asked for at once.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from collections.abc import Mapping
+import sys
 from typing import Any
 
 from .. import format as fmt
 from ..deps import require
 from ..errors import ConfigError
 from ..validate.pipeline import allow_custom_from_env
+from ._errors import UsageError
 
-__all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "PARTIAL_OUTPUT_REMOVED", "UsageError", "print_report", "usage_error"]
-
-
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
-# what an interrupted command that writes OUT leaves (its ``interrupted`` default; read-only
-# commands leave ``failure.NOTHING_WRITTEN``)
-PARTIAL_OUTPUT_REMOVED = "the partial output was removed and OUT is as it was before the run"
-
-
-class UsageError(Exception):
-    """A command-line input that cannot be used, or an output that could not be written (exit 2);
-    ``kind`` is the ``--json`` error's kind (``io`` for a write the disk or filesystem refused),
-    ``details`` its extra fields (``usage_error``)."""
-
-    def __init__(self, message: str, *, details: Mapping[str, Any] | None = None, kind: str = "usage") -> None:
-        super().__init__(message)
-        self.details = dict(details or {})
-        self.kind = kind
-
-
-def print_report(report: Any, as_json: bool) -> int:
-    """Print a command's report (``to_dict`` as JSON, or ``render_text``) and return its exit
-    status: 0 when ``report.ok``, else 1."""
-    print(json.dumps(report.to_dict(), indent=2) if as_json else report.render_text())
-    return EXIT_OK if report.ok else EXIT_FINDINGS
-
-
-def usage_error(exc: Exception) -> UsageError:
-    """``exc`` (a package error about an input or the output) as a ``UsageError``; a write the
-    disk or filesystem refused (``OutputWriteError``: full, read-only) is of kind ``io`` and keeps
-    its path and error name for ``--json``."""
-    from ..errors import OutputWriteError
-
-    if isinstance(exc, OutputWriteError):
-        return UsageError(str(exc), kind="io", details={"type": "OutputWriteError", "path": exc.path,
-                                                        "errno": exc.errno_name})
-    return UsageError(str(exc))
+__all__ = []
 
 
 def _checkpoint_dir(path: str, what: str = "the checkpoint directory") -> str:
@@ -72,10 +40,10 @@ def _needs(purpose: str, *modules: str) -> None:
 
 def _load_neuron_config(path: str | None) -> dict[str, Any] | None:
     """The ``--neuron-config`` JSON, read like every checkpoint JSON: regular file, strict, bounded
-    (``nxdi.config.read_config_file``, which ``preflight(neuron_config=PATH)`` uses too)."""
+    (``validate.nxdi_config.read_config_file``, which ``preflight(neuron_config=PATH)`` uses too)."""
     if path is None:
         return None
-    from ..nxdi.config import read_config_file
+    from ..validate.nxdi_config import read_config_file
 
     try:
         return read_config_file(path, f"--neuron-config {path}")
@@ -119,3 +87,48 @@ def _add_output_options(command: argparse.ArgumentParser, *, max_shard_size: str
                          help="replace a non-empty output directory, only when its content is an earlier output of "
                               "the same kind (this tool's files, nothing else); anything else, or the current "
                               "directory, is refused (exit 2), never emptied")
+
+
+def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None,
+             before_shards: Any = None) -> Any:
+    """A local directory or a Hub repo id (``hub.resolve_source``); says on stderr which was used."""
+    from ..errors import ConversionError
+    from ..hub import is_repo_id, recorded_revision, resolve_source
+
+    ambiguous = is_repo_id(spec)
+    if revision is None and recorded_in is not None and ambiguous and not os.path.lexists(spec):
+        revision = recorded_revision(recorded_in, spec)  # the commit the output was converted from
+    try:
+        resolved = resolve_source(spec, revision=revision, before_shards=before_shards)
+    except ConversionError as exc:
+        raise UsageError(str(exc)) from None
+    if ambiguous or resolved.from_hub:
+        print(f"source {resolved.describe()}", file=sys.stderr)
+    return resolved
+
+
+def _workers(value: int | None) -> int | None:
+    """``--workers`` checked (a usage error, exit 2, outside 1…MAX_WORKERS)."""
+    from ..convert.workers import check_workers
+
+    try:
+        return None if value is None else check_workers(value)
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
+
+
+def _add_workers_option(command: argparse.ArgumentParser, what: str) -> None:
+    """``--workers N`` of convert and verify-conversion (``convert.workers``)."""
+    command.add_argument("--workers", type=int, metavar="N",
+                         help=f"experts {what} at once: up to 3 as threads, from 4 on as N/2 worker processes "
+                              "taking whole layers (default: the CPUs this process may use, after its affinity and "
+                              "cgroup quota; one process for models under 1 GB); fewer, with a warning, when the "
+                              "available memory cannot hold them, or more than one process per layer and 8 lanes "
+                              "each would be needed. N is 1 … 1024. The result does not depend on N")
+
+
+def _add_split_option(command: argparse.ArgumentParser) -> None:
+    """compressed-tensors sources whose files cannot tell how gate_up was split."""
+    command.add_argument("--ct-gate-up-split", choices=("interleaved", "halves"), default=None,
+                         help="compressed-tensors FP8 sources only, when the converter asks: how llm-compressor "
+                              "split gate_up_proj (halves: llm-compressor 0.12.0-0.13.0; interleaved: other versions)")

@@ -1,7 +1,7 @@
 """How a command fails: one line on stderr and, with ``--json``, one JSON error document on stdout.
 
 Every way a command can end without its result goes through ``report_failure``: a usage error
-argparse finds (``JsonAwareParser``), a usage error of our own, a missing dependency, a refusal,
+argparse finds (``JsonAwareParser``), a usage error of our own (``UsageError``), a missing dependency, a refusal,
 an I/O error, Ctrl-C, SIGTERM or SIGHUP (``interrupt_signals``). The JSON shape is the same for
 all of them::
 
@@ -21,23 +21,64 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from ..units import printable
+from ._output import emit
 
 __all__ = [
-    "ERROR_KINDS", "EXIT_INTERRUPTED", "NOTHING_WRITTEN", "JsonAwareParser", "Terminated", "error_document", "interrupt_signals",
-    "interrupted_message", "report_failure", "wants_json",
+    "ERROR_KINDS", "EXIT_INTERRUPTED", "NOTHING_WRITTEN", "PARTIAL_OUTPUT_REMOVED", "PROG", "JsonAwareParser",
+    "Terminated", "UsageError", "error_document", "interrupt_signals", "interrupted_message", "report_failure",
+    "signal_of", "usage_error", "wants_json",
 ]
+
 
 ERROR_KINDS = ("usage", "missing_dependency", "config", "refused", "io", "interrupted")
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 PROG = "nxdi-gptoss-fp8"
 NOTHING_WRITTEN = "nothing was written"  # what an interrupted read-only command leaves
+
+
+# what an interrupted command that writes OUT leaves (its ``interrupted`` default; read-only
+# commands leave ``NOTHING_WRITTEN``)
+PARTIAL_OUTPUT_REMOVED = "the partial output was removed and OUT is as it was before the run"
+
+
+class UsageError(Exception):
+    """A command-line input that cannot be used, or an output that could not be written (exit 2);
+    ``kind`` is the ``--json`` error's kind (``io`` for a write the disk or filesystem refused),
+    ``details`` its extra fields (``usage_error``)."""
+
+    def __init__(self, message: str, *, details: Mapping[str, Any] | None = None, kind: str = "usage") -> None:
+        super().__init__(message)
+        self.details = dict(details or {})
+        self.kind = kind
+
+
+def usage_error(exc: Exception) -> UsageError:
+    """``exc`` (a package error about an input or the output) as a ``UsageError``; a write the
+    disk or filesystem refused (``OutputWriteError``: full, read-only) is of kind ``io`` and keeps
+    its path and error name for ``--json``."""
+    from ..errors import OutputWriteError
+
+    if isinstance(exc, OutputWriteError):
+        return UsageError(str(exc), kind="io", details={"type": "OutputWriteError", "path": exc.path,
+                                                        "errno": exc.errno_name})
+    return UsageError(str(exc))
+
+
+def _cannot_run(exc: Exception) -> Exception:
+    """Why NxDI's model cannot run, as the CLI's error: a missing or partial package (NxDI, NxD,
+    transformers) is a missing dependency (``--json`` kind ``missing_dependency``), anything
+    else a usage error; both exit 2."""
+    from ..errors import MissingDependencyError
+
+    if isinstance(exc, MissingDependencyError):
+        return MissingDependencyError(f"{exc} (`nxdi-gptoss-fp8 env` says where this host stands)")
+    return UsageError(str(exc))
 
 
 def wants_json(argv: Sequence[str]) -> bool:
@@ -66,12 +107,8 @@ def report_failure(command: str | None, kind: str, message: str, exit_code: int,
     ``message`` is shown escaped (``printable``), the same on stderr and in the document."""
     prefix = f"{PROG} {command}" if command else PROG
     message = printable(message)
-    print(f"{prefix}: {message}", file=sys.stderr)
-    if as_json:
-        print(json.dumps(error_document(command, kind, message, exit_code, error_type, details), indent=2))
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdout.flush()
-    return exit_code
+    return emit(error_document(command, kind, message, exit_code, error_type, details), f"{prefix}: {message}",
+                as_json=as_json, exit_code=exit_code, failure=True)
 
 
 class JsonAwareParser(argparse.ArgumentParser):

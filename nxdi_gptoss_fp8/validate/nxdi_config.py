@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from ..safeio.strict_json import JsonError
 from ..units import plural
-from .recipes import VLLM_OVERRIDE_KEY
+from .vllm_config import VLLM_OVERRIDE_KEY
 
 __all__ = [
     "BOOLEAN_NEURON_CONFIG_KEYS", "KNOWN_NEURON_CONFIG_KEYS", "MAX_CONFIG_FILE_SIZE", "MAX_DIMENSION",
@@ -78,13 +78,13 @@ def neuron_config_view(neuron_config: Any) -> Any:
     """The NeuronConfig attributes of whatever the caller passed: an object, a flat mapping, one
     nested under ``"neuron_config"`` as NxDI saves it, or vLLM's ``--additional-config`` JSON
     (``{"override_neuron_config": {...}}``: the NeuronConfig vllm-neuron builds from it with
-    vLLM's default settings, ``vllm_command.neuron_config_from_override``)."""
+    vLLM's default settings, ``vllm_config.neuron_config_from_override``)."""
     if isinstance(neuron_config, Mapping):
         inner = neuron_config.get("neuron_config")
         if isinstance(inner, Mapping):
             return inner
         if isinstance(neuron_config.get(VLLM_OVERRIDE_KEY), Mapping):
-            from .vllm_command import neuron_config_from_override
+            from .vllm_config import neuron_config_from_override
 
             return neuron_config_from_override(neuron_config)
         return neuron_config

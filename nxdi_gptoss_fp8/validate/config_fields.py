@@ -2,9 +2,9 @@
 
 ``format`` holds the tables (the fields NxDI reads, hard-codes, or ignores; the rotary-scaling
 members); this module applies them, field by field (docs/format.md, config.json), and returns the
-same ``nxdi.config.Problem`` values as the other config rules. Its own module because it is one
+same ``nxdi_config.Problem`` values as the other config rules. Its own module because it is one
 rule over one file, used by the preflight, the converter (refusing a source) and the stdlib tiny
-writer, while ``nxdi.config`` reads NxDI's runtime configuration. Stdlib only.
+writer, while ``nxdi_config`` reads NxDI's runtime configuration. Stdlib only.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from . import format as fmt
-from .nxdi.config import Problem, bounded_int, describe
-from .units import plural
+from .. import format as fmt
+from ..units import plural
+from .nxdi_config import Problem, bounded_int, describe
 
 __all__ = ["MAX_UNKNOWN_FIELDS", "config_field_problems"]
 

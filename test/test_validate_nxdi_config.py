@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.nxdi.config import (
+from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
+from nxdi_gptoss_fp8.validate.nxdi_config import (
     BOOLEAN_NEURON_CONFIG_KEYS,
     KNOWN_NEURON_CONFIG_KEYS,
     bounded_int,
@@ -21,7 +22,6 @@ from nxdi_gptoss_fp8.nxdi.config import (
     neuron_config_problems,
     unknown_key_problems,
 )
-from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
 
 GOOD: dict[str, Any] = {
     "quantized": True, "quantization_dtype": fmt.QUANTIZATION_DTYPE, "quantization_type": fmt.QUANTIZATION_TYPE,

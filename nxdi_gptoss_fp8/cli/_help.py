@@ -16,9 +16,10 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .failure import JsonAwareParser
+from ._errors import JsonAwareParser
 
 __all__ = ["EXAMPLES_HEADING", "CommandParser", "Example", "ParagraphHelpFormatter", "render_examples", "shell_lines"]
+
 
 EXAMPLES_HEADING = "Examples:"
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from nxdi_gptoss_fp8 import format as fmt
-from nxdi_gptoss_fp8.config_fields import config_field_problems
 from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
+from nxdi_gptoss_fp8.validate.config_fields import config_field_problems
 
 
 @pytest.mark.parametrize("profile", sorted(fmt.PROFILES))

@@ -1,4 +1,4 @@
-"""``make-tiny`` and ``demo``: tiny checkpoints and sources, and the README's first command."""
+"""``make-tiny``: a tiny valid normalized checkpoint, or a tiny synthetic source to convert."""
 
 from __future__ import annotations
 
@@ -9,19 +9,13 @@ from typing import Any
 from .. import format as fmt
 from ..errors import NxdiGptossFp8Error
 from ..validate.pipeline import preflight
-from ._shared import (
-    EXIT_FINDINGS,
-    EXIT_OK,
-    PARTIAL_OUTPUT_REMOVED,
-    UsageError,
-    _add_output_options,
-    _needs,
-    _size,
-    usage_error,
-)
-from .help import Example
+from ._errors import PARTIAL_OUTPUT_REMOVED, UsageError, usage_error
+from ._help import Example
+from ._options import _add_output_options, _needs, _size
+from ._output import EXIT_FINDINGS, EXIT_OK
 
-__all__ = ["DEMO_EXAMPLES", "MAKE_TINY_EXAMPLES", "add_demo_command", "add_make_tiny_command"]
+__all__ = ["MAKE_TINY_EXAMPLES", "add_make_tiny_command"]
+
 
 MAKE_TINY_EXAMPLES = (
     Example("a tiny valid checkpoint (custom profile: validate it with --allow-custom-model)",
@@ -32,11 +26,6 @@ MAKE_TINY_EXAMPLES = (
             "nxdi-gptoss-fp8 make-tiny tiny-ct --ct-fp8"),
     Example("other dimensions, padded, written again over an earlier tiny checkpoint",
             "nxdi-gptoss-fp8 make-tiny tiny-fp8 --layers 4 --experts 8 --padded-hidden-size 96 --overwrite"),
-)
-
-DEMO_EXAMPLES = (
-    Example("make a tiny checkpoint, validate it, corrupt copies and read the findings",
-            "nxdi-gptoss-fp8 demo"),
 )
 
 
@@ -167,20 +156,3 @@ def _make_tiny_source(args: argparse.Namespace) -> int:
           "repos' layout)")
     print(f"try: nxdi-gptoss-fp8 convert {out} {out}-fp8 && nxdi-gptoss-fp8 verify-conversion {out}-fp8 --source {out}")
     return EXIT_OK
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from ..demo import run_demo
-
-    return EXIT_OK if run_demo() else EXIT_FINDINGS
-
-
-def add_demo_command(commands: Any) -> None:
-    """The ``demo`` command's parser, beside its handler."""
-    demo = commands.add_parser(
-        "demo", help="make a tiny checkpoint, validate it, corrupt copies and show the findings",
-        description="No arguments: everything happens in a temporary directory that is removed afterwards. "
-                    "Needs nothing but Python; the last step (the zero-copy load) runs when torch is installed.",
-        examples=DEMO_EXAMPLES,
-    )
-    demo.set_defaults(handler=_cmd_demo, interrupted="its temporary directory was removed")

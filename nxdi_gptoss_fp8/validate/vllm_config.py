@@ -1,0 +1,73 @@
+"""The NeuronConfig vllm-neuron builds: its defaults from vLLM's settings, then the
+``override_neuron_config`` object of vLLM's ``--additional-config`` over them.
+
+What the validator reads when ``validate --neuron-config`` is given vLLM's ``--additional-config``
+JSON, and what ``doctor`` checks a ``vllm serve`` command's NeuronConfig with (its command line is
+read by ``nxdi.vllm_command``). The vLLM half of ``nxdi_config``'s knowledge. Stdlib only; nothing
+is imported from vLLM or vllm-neuron.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["VLLM_OVERRIDE_KEY", "VllmSettings", "neuron_config_from_override", "vllm_neuron_config"]
+
+VLLM_OVERRIDE_KEY = "override_neuron_config"  # the only key vllm-neuron reads (not "override-neuron-config")
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """What vllm-neuron's ``_get_default_neuron_config`` reads from vLLM's configs, as vLLM and
+    vllm-neuron's platform set them (``check_and_update_config``: chunked prefill off, 32
+    sequences when ``--max-num-seqs`` is not given, ``block_size = max_model_len`` without prefix
+    caching; vLLM turns prefix caching on unless told otherwise)."""
+
+    tensor_parallel_size: Any = 1
+    max_model_len: Any = None
+    max_num_seqs: Any = 32
+    block_size: Any = 32
+    enable_prefix_caching: bool = True
+    torch_dtype: Any = None
+    num_gpu_blocks_override: Any = None
+
+
+def vllm_neuron_config(settings: VllmSettings, override: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The NeuronConfig attributes vllm-neuron hands NxDI (``get_neuron_model``): its defaults
+    from vLLM's settings, then ``override_neuron_config`` over them, with ``quantization_type`` /
+    ``quantization_dtype`` filled in as ``per_tensor_symmetric`` / ``int8`` when the override sets
+    ``quantized`` without them (0.2.0 does it; at 0.1.0 NxDI's NeuronConfig defaults give the
+    same values). Objects vllm-neuron builds (``OnDeviceSamplingConfig``) are their fields here."""
+    batch_size = settings.max_num_seqs
+    seq_len = settings.max_model_len
+    blocks = settings.num_gpu_blocks_override
+    if blocks is None and all(type(v) is int and v > 0 for v in (seq_len, settings.block_size, batch_size)):
+        blocks = (seq_len // settings.block_size) * batch_size
+    config: dict[str, Any] = {
+        "tp_degree": settings.tensor_parallel_size, "ctx_batch_size": 1, "batch_size": batch_size,
+        "max_context_length": seq_len, "seq_len": seq_len, "enable_bucketing": True,
+        "is_continuous_batching": type(batch_size) is int and batch_size > 1, "quantized": False,
+        "torch_dtype": settings.torch_dtype, "padding_side": "right",
+        "on_device_sampling_config": {"dynamic": True, "deterministic": False}, "lora_config": None,
+        "pa_num_blocks": blocks, "pa_block_size": settings.block_size,
+        "is_block_kv_layout": settings.enable_prefix_caching, "is_prefix_caching": settings.enable_prefix_caching,
+    }
+    override = dict(override or {})
+    config.update(override)
+    for key in ("text_neuron_config", "vision_neuron_config"):
+        config.pop(key, None)
+    if "quantized" in override:
+        config["quantization_type"] = override.get("quantization_type", "per_tensor_symmetric")
+        config["quantization_dtype"] = override.get("quantization_dtype", "int8")
+        config["quantized_checkpoints_path"] = override.get("quantized_checkpoints_path")
+    return config
+
+
+def neuron_config_from_override(document: Mapping[str, Any]) -> dict[str, Any]:
+    """``--additional-config``'s JSON (``{"override_neuron_config": {...}}``) as the NeuronConfig
+    vllm-neuron builds from it with vLLM's default settings (what ``validate --neuron-config``
+    checks for a file in that form)."""
+    override = document.get(VLLM_OVERRIDE_KEY)
+    return vllm_neuron_config(VllmSettings(), override if isinstance(override, Mapping) else None)
