@@ -40,7 +40,7 @@ class BuildWithFormatDocument(build_py):
 
 setup(
     name="nxdi-gptoss-fp8",
-    version="0.4.0",
+    version="0.5.0",
     description="Fail-closed validation, zero-copy loading and conversion of normalized static-FP8 "
     "GPT-OSS checkpoints for AWS NeuronX Distributed Inference",
     long_description=long_description(),
