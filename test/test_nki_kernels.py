@@ -32,6 +32,7 @@ from safetensors.torch import load_file
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.convert import SOURCE_BF16, convert
+from nxdi_gptoss_fp8.forward.hf_reference import dequantized_layer
 from nxdi_gptoss_fp8.forward.reference import reference_model, source_state_dict
 from nxdi_gptoss_fp8.synthetic.sources import source_config, source_tensors, write_source
 
@@ -68,6 +69,7 @@ class Layer:
     config: dict[str, Any]
     source_state: dict[str, torch.Tensor]
     padded: dict[str, torch.Tensor]
+    dequantized: dict[str, torch.Tensor]  # transformers' layer 0 from the converted checkpoint (the package's dequantizer)
     source: Path
     x: torch.Tensor  # [T, H] BF16 residual stream entering the block (decode)
     y: torch.Tensor  # [T, H] BF16 normalized hidden states (prefill)
@@ -76,24 +78,24 @@ class Layer:
 
     def unpadded(self) -> dict[str, torch.Tensor]:
         """The same source converted without the target (H' = H, I' = I)."""
-        return _converted(self.source, self.source.parent / "unpadded", self.dims)
+        return nki_moe.layer_tensors(_converted(self.source, self.source.parent / "unpadded", self.dims), self.dims, 0)
 
     def transformers(self, weights: str, kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers' output [T, H] and routing [T, E] for the kernel's input, holding the
         ``"dequantized"`` converted weights or the BF16 ``"source"``'s (computed once)."""
         if (weights, kernel) not in self.expected:
-            state = self.source_state if weights == "source" else \
-                nki_moe.transformers_state(self.padded, self.dims.hidden_size, self.dims.intermediate_size)
+            state = self.source_state if weights == "source" else self.dequantized
             self.expected[weights, kernel] = _expected(self, state, kernel)
         return self.expected[weights, kernel]
 
 
 def _converted(source: Path, out: Path, dims: fmt.ModelDims, **options: Any) -> dict[str, torch.Tensor]:
+    """Every tensor of ``source`` converted into ``out`` (NxDI's names)."""
     convert(source, out, progress=False, **options)
     tensors: dict[str, torch.Tensor] = {}
     for shard in sorted(out.glob("*.safetensors")):
         tensors.update(load_file(str(shard)))
-    return nki_moe.layer_tensors(tensors, dims, 0)
+    return tensors
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
@@ -104,12 +106,14 @@ def layer(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     # above a tiny source's size cap (make_source's): written directly, seeded as make_source seeds
     source = write_source(root / "source", source_tensors(dims, SOURCE_BF16), source_config(dims, SOURCE_BF16),
                           shards=1, original=False, kind=SOURCE_BF16)
-    padded = _converted(source, root / "nki-moe", dims, target="nki-moe")
+    converted = _converted(source, root / "nki-moe", dims, target="nki-moe")
+    padded = nki_moe.layer_tensors(converted, dims, 0)
+    dequantized = dequantized_layer(converted, 0, dims, torch.float32)
     config, state = source_state_dict(source, 1)
     generator = torch.Generator().manual_seed(len(request.param))
     x = torch.randn((DECODE_TOKENS, dims.hidden_size), generator=generator).to(torch.bfloat16)
     y = torch.randn((PREFILL_TOKENS, dims.hidden_size), generator=generator).to(torch.bfloat16)
-    return Layer(dims, config, state, padded, source, x, y)
+    return Layer(dims, config, state, padded, dequantized, source, x, y)
 
 
 def _block(layer: Layer, state: dict[str, torch.Tensor]) -> Any:

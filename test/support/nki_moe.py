@@ -102,31 +102,6 @@ def plugin_views(found: dict[str, torch.Tensor], *, target: Any = PLUGIN_TARGET)
     )
 
 
-def transformers_state(found: dict[str, torch.Tensor], hidden: int, intermediate: int) -> dict[str, torch.Tensor]:
-    """transformers' GPT-OSS layer-0 MoE parameters (float32, unpadded, gate/up interleaved)
-    holding the converted checkpoint's dequantized weights."""
-    ip = found[f"{fmt.GATE_UP}.weight"].shape[2] // 2
-    gate_up = found[f"{fmt.GATE_UP}.weight"].float() * found[f"{fmt.GATE_UP}.scale"]
-    down = found[f"{fmt.DOWN}.weight"].float() * found[f"{fmt.DOWN}.scale"]
-    bias = found[f"{fmt.GATE_UP}.bias"].float()
-    experts = gate_up.shape[0]
-    interleaved = torch.empty((experts, hidden, 2 * intermediate))
-    interleaved[..., 0::2] = gate_up[:, :hidden, :intermediate]
-    interleaved[..., 1::2] = gate_up[:, :hidden, ip:ip + intermediate]
-    interleaved_bias = torch.empty((experts, 2 * intermediate))
-    interleaved_bias[:, 0::2], interleaved_bias[:, 1::2] = bias[:, :intermediate], bias[:, ip:ip + intermediate]
-    prefix = "model.layers.0."
-    return {
-        f"{prefix}post_attention_layernorm.weight": found["post_attention_layernorm.weight"][:hidden].float(),
-        f"{prefix}mlp.router.weight": found["router.weight"][:, :hidden].float(),
-        f"{prefix}mlp.router.bias": found["router.bias"].float(),
-        f"{prefix}mlp.experts.gate_up_proj": interleaved,
-        f"{prefix}mlp.experts.gate_up_proj_bias": interleaved_bias,
-        f"{prefix}mlp.experts.down_proj": down[:, :intermediate, :hidden].contiguous(),
-        f"{prefix}mlp.experts.down_proj_bias": found[f"{fmt.DOWN}.bias"][:, :hidden].float(),
-    }
-
-
 def blocks(affinities: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``moe_cte``'s routing tables for dense ``affinities`` [T, E] (zero: not routed): each
     expert's tokens in blocks of ``block_size``, the unused slots pointing at the padding row T."""
