@@ -181,7 +181,7 @@ class _Reader:
         if name not in self._regular:
             try:
                 reason = not_regular_reason(os.path.join(self.root, name))
-            except OSError:
+            except (OSError, ValueError):  # ValueError: a name no file can have (a NUL, a lone surrogate)
                 reason = ""
             if reason:
                 self.rec.refused.append(f"{name} is {reason.rsplit(' is ', 1)[-1]}: not opened")

@@ -270,6 +270,25 @@ def test_listed_shard_that_is_a_fifo_is_refused(tiny_checkpoint: Path, alarm: No
     assert found.kind == rz.NORMALIZED and any(shard.name in item and "FIFO" in item for item in found.refused)
 
 
+@pytest.mark.parametrize("name", ["model\u0000.safetensors", "model-\udc80.safetensors"])
+def test_a_listed_shard_no_file_can_be_named_is_refused_not_raised(tiny_checkpoint: Path, name: str) -> None:
+    """A shard name the OS cannot stat (a NUL, a lone surrogate) in the index: the recognizer, the
+    preflight's JSON report (whose hint asks it) and ``validate --json`` answer, never raise."""
+    from nxdi_gptoss_fp8.cli import main
+    from nxdi_gptoss_fp8.validate.pipeline import preflight
+
+    index_path = tiny_checkpoint / fmt.INDEX_FILE
+    index = json.loads(index_path.read_text())
+    first = next(iter(index["weight_map"]))
+    index["weight_map"][first] = name
+    index_path.write_text(json.dumps(index))
+    found = rz.recognize(tiny_checkpoint)
+    assert found.kind == rz.NORMALIZED
+    report = preflight(tiny_checkpoint, allow_custom_model=True)
+    assert not report.ok and json.loads(report.to_json())["ok"] is False
+    assert main(["validate", str(tiny_checkpoint), "--allow-custom-model", "--json"]) == 1
+
+
 def test_inspect_of_a_normalized_checkpoint_with_a_fifo_shard_is_invalid(tiny_checkpoint: Path, alarm: None) -> None:
     from nxdi_gptoss_fp8.cli import main
     from nxdi_gptoss_fp8.inspection import inspect_directory
