@@ -15,7 +15,6 @@ through our hook), and transformers' ``GptOssForCausalLM`` runs on the source's 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 import time
@@ -28,7 +27,6 @@ from ..units import plural
 
 __all__ = [
     "STEPS", "TOKENS", "TRANSFORMERS_TOLERANCE", "Comparison", "SelfcheckReport", "package_identity", "selfcheck",
-    "to_json",
 ]
 
 TRANSFORMERS_TOLERANCE = 1e-5
@@ -166,6 +164,3 @@ def selfcheck(tp: int = 1) -> SelfcheckReport:
     report.elapsed_s = time.perf_counter() - started
     return report
 
-
-def to_json(report: SelfcheckReport) -> str:
-    return json.dumps(report.to_dict(), indent=2)
