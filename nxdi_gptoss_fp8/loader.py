@@ -41,7 +41,7 @@ import torch
 
 from . import format as fmt
 from .errors import FailedReportError, IntegrityError, LoadError, ReportBindingError
-from .machine import usable_cpus
+from .machine import opened_path, usable_cpus
 from .safeio.files import FileIdentity
 from .safeio.hashing import hash_buffers
 from .safeio.safetensors_header import HeaderError, SafetensorsHeader, read_header_bytes
@@ -253,14 +253,6 @@ def _refuse(shard: str, changes: list[str]) -> IntegrityError:
     )
 
 
-def _opened_path(fd: int, path: str) -> str:
-    """Where the open descriptor ``fd`` really points (Linux: /proc/self/fd), else ``path`` resolved."""
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return os.path.realpath(path)
-
-
 def _read_private(fd: int, size: int, shard: str) -> mmap.mmap:
     """Read the whole file behind ``fd`` into anonymous memory (later writes to the file do not show)."""
     buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -290,7 +282,7 @@ def map_shard(shard: str, header: SafetensorsHeader, *, root: str, private: bool
     try:
         status = os.fstat(fd)
         changes = FileIdentity.of(status).changes_since(header.identity)
-        target = _opened_path(fd, path)
+        target = opened_path(fd, path)
         if os.path.dirname(target) != root:
             changes.insert(0, f"it now resolves to {target}, outside the checkpoint directory (a link was put in its place)")
         if not changes and stat.S_ISREG(status.st_mode):

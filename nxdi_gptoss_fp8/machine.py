@@ -1,9 +1,10 @@
 """What this machine is, for this process: the CPUs it may use (its affinity, bounded by a cgroup
 CPU quota), the memory it may still take (MemAvailable, or the memory cgroup's headroom when that
-is smaller), the CPU's L2 cache size (and the read chunk sized to it) and the umask. Every module
-that sizes a pool, a chunk or a file mode by the machine asks here; ``_read`` is the one reader
-of Linux's /proc and /sys (nothing found elsewhere: the answers fall back, never fail). Stdlib
-only, a leaf the validator imports.
+is smaller), the CPU's L2 cache size (and the read chunk sized to it), the umask, where an open
+descriptor points and whether an address is file-mapped. Every module that sizes a pool, a chunk
+or a file mode by the machine, or asks the kernel about its own descriptors and mappings, asks
+here: this module is the one reader of Linux's /proc and /sys (nothing found elsewhere, as on
+other systems: the answers fall back, never fail). Stdlib only, a leaf the validator imports.
 
 The read chunk: the validator reads data into one reused buffer and checks it with a few passes
 over it; while the chunk fits in L2, the passes after the kernel's copy read it from L2 instead
@@ -19,7 +20,8 @@ import math
 import os
 
 __all__ = ["CACHE_DIR", "FALLBACK_CHUNK_BYTES", "MAX_CHUNK_BYTES", "MIN_CHUNK_BYTES", "available_memory",
-           "cache_chunk_bytes", "chunk_bytes_for", "current_umask", "host_cpus", "l2_cache_bytes", "usable_cpus"]
+           "cache_chunk_bytes", "chunk_bytes_for", "current_umask", "file_mapped", "host_cpus", "l2_cache_bytes",
+           "opened_path", "usable_cpus"]
 
 _PROC = "/proc"
 _CGROUP = "/sys/fs/cgroup"
@@ -172,3 +174,27 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def opened_path(fd: int, path: str) -> str:
+    """Where the open descriptor ``fd`` really points (Linux: /proc/self/fd); elsewhere, ``path``
+    (the name it was opened by) as it resolves now."""
+    try:
+        return os.readlink(os.path.join(_PROC, "self", "fd", str(fd)))
+    except OSError:
+        return os.path.realpath(path)
+
+
+def file_mapped(address: int) -> bool:
+    """Whether ``address`` lies in a mapping of a file on a device (Linux: /proc/self/maps); False
+    for anonymous memory and where the mappings cannot be read (not Linux)."""
+    try:
+        with open(os.path.join(_PROC, "self", "maps"), encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                fields = line.split(maxsplit=5)
+                low, _, high = (fields or [""])[0].partition("-")
+                if int(low, 16) <= address < int(high, 16):
+                    return len(fields) == 6 and fields[5].startswith("/") and fields[3] != "00:00"
+    except (OSError, ValueError):
+        return False
+    return False

@@ -1,6 +1,8 @@
 """What this machine is (``machine``): the CPUs a cgroup quota allows, and the memory left under
 MemAvailable or the memory cgroup, read from a made-up /proc and /sys/fs/cgroup; this CPU's L2
-size read from sysfs (or unknown), and the read chunk of half of it within bounds; the umask."""
+size read from sysfs (or unknown), and the read chunk of half of it within bounds; the umask; where
+an open descriptor points and whether an address is file-mapped (a made-up /proc/self/maps, and
+this process's own), each falling back where there is no /proc."""
 
 from __future__ import annotations
 
@@ -124,3 +126,70 @@ def test_the_umask_is_read_without_changing_it(monkeypatch: pytest.MonkeyPatch, 
         assert os.umask(mask) == mask
     finally:
         os.umask(previous)
+
+
+def test_an_open_descriptor_names_the_file_it_points_to_even_after_a_rename(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x")
+    fd = os.open(tmp_path / "a", os.O_RDONLY)
+    try:
+        os.rename(tmp_path / "a", tmp_path / "b")
+        if os.path.isdir("/proc/self/fd"):  # Linux: the descriptor, not the name, decides
+            assert machine.opened_path(fd, str(tmp_path / "a")) == str((tmp_path / "b").resolve())
+        _fake_host(monkeypatch, tmp_path / "elsewhere", {})  # no /proc: the name as it resolves now
+        assert machine.opened_path(fd, str(tmp_path / "a")) == os.path.realpath(tmp_path / "a")
+    finally:
+        os.close(fd)
+
+
+MAPS = ("00400000-00452000 r-xp 00000000 08:02 173521 /usr/bin/app\n"
+        "00651000-00652000 rw-p 00000000 00:00 0 \n"
+        "7f0000000000-7f0000100000 r--p 00000000 00:2a 12 /dev/shm/blob\n"
+        "7f0000100000-7f0000200000 r--p 00000000 00:00 0 [heap]\n"
+        "7f0000200000-7f0000300000 r--p 00001000 fd:01 99 /data/weights (deleted)\n")
+
+
+@pytest.mark.parametrize("address, expected", [
+    (0x00400000, True), (0x00451FFF, True), (0x00452000, False),  # a file's mapping, its end excluded
+    (0x00651000, False),  # anonymous
+    (0x7F0000000010, True),  # a file on a numbered device (tmpfs)
+    (0x7F0000100000, False),  # named but not a file
+    (0x7F00002FFFFF, True),  # deleted since: still a file's pages
+    (0x10, False),  # in no mapping
+])
+def test_an_address_is_file_mapped_only_inside_a_files_mapping(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                              address: int, expected: bool) -> None:
+    _fake_host(monkeypatch, tmp_path, {"proc/self/maps": MAPS})
+    assert machine.file_mapped(address) is expected
+
+
+@settings(max_examples=50, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet=st.sampled_from("0123456789abcdef-: /[]\n\x00é"), max_size=200),
+       address=st.integers(0, 1 << 48))
+def test_any_maps_text_gives_an_answer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str,
+                                       address: int) -> None:
+    _fake_host(monkeypatch, tmp_path, {"proc/self/maps": text})
+    assert machine.file_mapped(address) in (True, False)
+
+
+def test_this_processs_own_mappings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import ctypes
+    import mmap
+
+    (tmp_path / "blob").write_bytes(b"\0" * mmap.PAGESIZE)
+    with open(tmp_path / "blob", "rb") as handle:
+        mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    anonymous = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # shared: /dev/zero
+    try:
+        file_address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+        anonymous_address = ctypes.addressof(ctypes.c_char.from_buffer(anonymous))
+        assert machine.file_mapped(anonymous_address) is False
+        assert machine.file_mapped(file_address) is os.path.exists("/proc/self/maps")
+        _fake_host(monkeypatch, tmp_path / "elsewhere", {})  # no /proc (not Linux): never file-mapped
+        assert machine.file_mapped(file_address) is False
+    finally:
+        import gc
+
+        gc.collect()
+        mapping.close()
+        anonymous.close()

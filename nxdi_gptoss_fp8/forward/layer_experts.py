@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CpuModelError
+from ..machine import file_mapped
 from ..units import plural
 
 __all__ = ["HeldWeight", "LayerExperts", "expert_linears_on_meta", "quantized_one_layer_at_a_time", "release_pages"]
@@ -250,29 +251,15 @@ def _swap_in(weight: HeldWeight, rank: int, tp_degree: int, dtype: Any) -> None:
     weight.module._parameters[weight.name] = replacement
 
 
-def _file_backed(address: int) -> bool:
-    """Whether ``address`` lies in a mapping of a file (``/proc/self/maps``): only such clean
-    pages may be dropped and read again."""
-    try:
-        with open("/proc/self/maps", encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                fields = line.split(maxsplit=5)
-                low, _, high = fields[0].partition("-")
-                if int(low, 16) <= address < int(high, 16):
-                    return len(fields) == 6 and fields[5].startswith("/") and fields[3] != "00:00"
-    except OSError:
-        return False
-    return False
-
-
 def release_pages(tensor: Any) -> None:
     """Drop the whole pages of a file-mapped tensor from this process's resident set (``madvise
-    MADV_DONTNEED``); nothing writes to them, and they fault back in from the page cache."""
+    MADV_DONTNEED``); nothing writes to them, and they fault back in from the page cache. Only
+clean pages of a file may be dropped and read again: anonymous memory is left alone."""
     if tensor is None or not sys.platform.startswith("linux") or tensor.numel() == 0:
         return
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.element_size()
     first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
-    if last > first and _file_backed(first):
+    if last > first and file_mapped(first):
         ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first),
                                                   ctypes.c_int(_MADV_DONTNEED))
