@@ -20,7 +20,7 @@ from .validate.view import CheckpointView
 
 __all__ = [
     "COMPANIONS", "INSPECT_FINDINGS_LIMIT", "CheckpointSummary", "Companion", "Inspection", "ShardSummary",
-    "companion_files", "compiled_verdict_summary", "custom_profile_action", "inspect_checkpoint", "inspect_directory", "validate_command",
+    "companion_groups", "compiled_verdict_summary", "custom_profile_action", "inspect_checkpoint", "inspect_directory", "validate_command",
 ]
 
 INSPECT_FINDINGS_LIMIT = 10
@@ -60,8 +60,10 @@ class Companion:
         return self.need.startswith("required")
 
 
-def companion_files(root: str | os.PathLike[str]) -> list[Companion]:
-    """Which tokenizer, chat-template, generation-config and card files ``root`` holds (regular files only)."""
+def companion_groups(root: str | os.PathLike[str]) -> list[Companion]:
+    """Which tokenizer, chat-template, generation-config and card files ``root`` holds (regular
+    files only), by group, for the ``inspect`` summary (``hub.companion_files`` is the name → path
+    map of what a conversion copies)."""
     directory = os.fspath(root)
 
     def regular(name: str) -> bool:
@@ -180,7 +182,7 @@ def inspect_checkpoint(path: str | os.PathLike[str], *, allow_custom_model: bool
             by_bytes[info.dtype] += info.nbytes
             by_count[info.dtype] += 1
     summary.bytes_by_dtype, summary.tensors_by_dtype = dict(by_bytes), dict(by_count)
-    summary.companions = companion_files(path)
+    summary.companions = companion_groups(path)
     target = view.metadata.get("target") if isinstance(view.metadata, dict) else None
     summary.target = target if isinstance(target, str) else None
     if view.dims is not None:

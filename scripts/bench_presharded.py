@@ -160,7 +160,7 @@ def bench_check(workdir: str, load_file_ranks: int) -> None:
         entries[rank] = pm.RankEntry(rank, pm.rank_file(rank), sizes[rank], hashlib.sha256(read.header).hexdigest(),
                                      read.sample_sha256, "0" * 64)
     checkpoint = named_checkpoint(os.path.join(workdir, "gpt-oss-120b-fp8"))
-    sources = [pm.Source(checkpoint, pm.checkpoint_identity(checkpoint))]
+    sources = [pm.ManifestSource(checkpoint, pm.checkpoint_identity(checkpoint))]
     manifest = pm.Manifest(TP, TP, entries, pm.shard_settings(config), sources, written_at="bench")
     with open(pm.manifest_path(compiled), "w") as handle:
         json.dump(manifest.to_dict(), handle)

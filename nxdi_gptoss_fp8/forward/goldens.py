@@ -72,9 +72,9 @@ class GoldensReport:
 def load_tokenizer(directory: str) -> Any:
     """transformers' tokenizer from ``directory``, its pad token the end-of-sequence token as NxDI's
     demo sets it; ``ConversionError`` (one line) when the directory has none."""
-    from ..inspection import companion_files
+    from ..inspection import companion_groups
 
-    tokenizer_files = next(c for c in companion_files(directory) if c.what == "tokenizer")
+    tokenizer_files = next(c for c in companion_groups(directory) if c.what == "tokenizer")
     if not tokenizer_files.present:
         raise ConversionError(f"{directory} holds no tokenizer (tokenizer.json, tokenizer_config.json): pass --tokenizer "
                               "DIR, the HF source's directory (convert copies these files when the source has them)")

@@ -43,10 +43,10 @@ def fingerprint_or_none(path: str) -> dict[str, Any] | None:
 
 
 def record_source(sources: list[Any], path: str, fingerprint: dict[str, Any] | None) -> None:
-    from ..validate.presharded_manifest import Source, checkpoint_identity
+    from ..validate.presharded_manifest import ManifestSource, checkpoint_identity
 
     if os.path.abspath(path) not in (source.path for source in sources):  # once per checkpoint
-        sources.append(Source(os.path.abspath(path), fingerprint if fingerprint is not None else checkpoint_identity(path)))
+        sources.append(ManifestSource(os.path.abspath(path), fingerprint if fingerprint is not None else checkpoint_identity(path)))
 
 
 def _writes_shards(neuron_config: Any) -> bool:
@@ -80,7 +80,7 @@ def wrap_shard_weights(func: Callable[..., Any], is_normalized: Callable[[Any], 
             compiled = os.fspath(signature.bind(self, *args, **kwargs).arguments["compiled_model_path"])
         except (TypeError, KeyError):
             return func(self, *args, **kwargs)  # let NxDI raise the caller's TypeError
-        from ..validate.presharded_manifest import Source, checkpoint_identity, remove_manifest, write_manifest
+        from ..validate.presharded_manifest import ManifestSource, checkpoint_identity, remove_manifest, write_manifest
 
         with refusals_stop_the_start():
             if _writes_shards(self.neuron_config) and remove_manifest(compiled):
@@ -96,7 +96,7 @@ def wrap_shard_weights(func: Callable[..., Any], is_normalized: Callable[[Any], 
         with refusals_stop_the_start():
             if not sources:  # NxD reused state dicts without calling the loader: bind what it would read
                 path = _loader_source(self)
-                sources.append(Source(os.path.abspath(path), checkpoint_identity(path)))
+                sources.append(ManifestSource(os.path.abspath(path), checkpoint_identity(path)))
             manifest = write_manifest(compiled, ranks=_ranks(self.neuron_config), config=self.config, sources=sources)
         logger.info("recorded %d pre-sharded rank files of %s (from %s) in their manifest", len(manifest.ranks),
                     compiled, ", ".join(source.path for source in sources))

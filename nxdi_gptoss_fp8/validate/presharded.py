@@ -60,7 +60,7 @@ from .presharded_manifest import (
     HeaderCache,
     Manifest,
     ManifestError,
-    Source,
+    ManifestSource,
     checkpoint_identity,
     fix_reshard,
     manifest_path,
@@ -304,7 +304,7 @@ def _same_checkpoint(current: Mapping[str, Any], recorded: Mapping[str, Any]) ->
 
 
 def _named_source(check: ShardedCheck, manifest: Manifest, exists: Callable[[str], bool],
-                  checkpoint: str | None) -> Source | None:
+                  checkpoint: str | None) -> ManifestSource | None:
     """The recorded source the application's checkpoint is (same fingerprint, any path), or None;
     an error when it names a checkpoint, at another path, that is none of them."""
     if checkpoint is None or not manifest.sources or not exists(checkpoint):

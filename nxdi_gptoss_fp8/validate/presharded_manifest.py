@@ -51,9 +51,9 @@ __all__ = [
     "HeaderCache",
     "Manifest",
     "ManifestError",
+    "ManifestSource",
     "RankEntry",
     "RankRead",
-    "Source",
     "checkpoint_identity",
     "fix_reshard",
     "manifest_path",
@@ -178,8 +178,9 @@ class RankEntry:
 
 
 @dataclass(frozen=True)
-class Source:
-    """The checkpoint a set of shards was loaded from (two under fused speculation)."""
+class ManifestSource:
+    """The checkpoint a set of shards was loaded from (two under fused speculation), as the
+    manifest records it (not ``convert.source.Source``, the converter's detected source)."""
 
     path: str
     fingerprint: Mapping[str, Any]
@@ -193,7 +194,7 @@ class Manifest:
     world_size: int
     ranks: Mapping[int, RankEntry]
     settings: Mapping[str, Any]
-    sources: Sequence[Source]
+    sources: Sequence[ManifestSource]
     sample_blocks: int = SAMPLE_BLOCKS
     sample_block_size: int = SAMPLE_BLOCK
     package_version: str = __version__
@@ -252,7 +253,7 @@ class Manifest:
             if entry.rank >= world:
                 raise ValueError(f"rank {entry.rank} is outside world_size {world}")
             entries[entry.rank] = entry
-        return cls(tp, world, entries, settings, [Source(s["path"], s["fingerprint"]) for s in sources],
+        return cls(tp, world, entries, settings, [ManifestSource(s["path"], s["fingerprint"]) for s in sources],
                    blocks, block_size, str(data.get("package_version", "")), str(data.get("written_at", "")))
 
 
@@ -372,7 +373,7 @@ class HeaderCache:
 # --------------------------------------------------------------------------- writing
 
 
-def write_manifest(compiled_dir: str, *, ranks: Iterable[int], config: Any, sources: Sequence[Source],
+def write_manifest(compiled_dir: str, *, ranks: Iterable[int], config: Any, sources: Sequence[ManifestSource],
                    workers: int | None = None, progress: bool | None = None) -> Manifest:
     """Hash the rank files NxDI just wrote and record them, atomically, in the manifest.
 
