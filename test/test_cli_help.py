@@ -10,9 +10,8 @@ import clients
 import pytest
 
 from nxdi_gptoss_fp8.cli import build_parser, main
-from nxdi_gptoss_fp8.cli._help import EXAMPLES_HEADING, Example, render_examples
+from nxdi_gptoss_fp8.cli._help import EXAMPLES_HEADING, Example, render_examples, subcommands
 from nxdi_gptoss_fp8.cli.make_tiny import MAKE_TINY_EXAMPLES
-from nxdi_gptoss_fp8.cli.reference import subcommands
 
 PROG = "nxdi-gptoss-fp8"
 SHELL_OPERATORS = set("();<>|&")

@@ -1,13 +1,14 @@
-"""docs/cli.md is generated from the parser and current."""
+"""docs/cli.md is generated from the parser (``scripts/cli_reference.py``) and current."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from cli_reference import PAGE, REGENERATE, main, render_reference
 
 from nxdi_gptoss_fp8.cli import build_parser
-from nxdi_gptoss_fp8.cli.reference import PAGE, REGENERATE, main, render_reference, subcommands
+from nxdi_gptoss_fp8.cli._help import subcommands
 
 ROOT = Path(__file__).resolve().parent.parent
 

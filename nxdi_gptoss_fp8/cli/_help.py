@@ -3,8 +3,8 @@
 Each command keeps its examples beside its parser, as a module constant of ``Example`` rows
 (``VALIDATE_EXAMPLES`` beside ``add_validate_command``), and passes them to ``add_parser(...,
 examples=...)``; ``CommandParser`` renders them as the epilog, the last block of ``--help``.
-``cli.reference`` renders the same rows into docs/cli.md, and the tests parse every example with
-the real parser.
+``scripts/cli_reference.py`` renders the same rows into docs/cli.md (every command ``subcommands``
+lists), and the tests parse every example with the real parser.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 
 from ._errors import JsonAwareParser
 
-__all__ = ["EXAMPLES_HEADING", "CommandParser", "Example", "ParagraphHelpFormatter", "render_examples", "shell_lines"]
+__all__ = ["EXAMPLES_HEADING", "CommandParser", "Example", "ParagraphHelpFormatter", "render_examples", "shell_lines",
+           "subcommands"]
 
 
 EXAMPLES_HEADING = "Examples:"
@@ -85,3 +86,14 @@ class CommandParser(JsonAwareParser):
             kwargs["epilog"] = "\n\n".join(part for part in (kwargs.get("epilog"), render_examples(examples)) if part)
         super().__init__(*args, **kwargs)
         self.examples = tuple(examples)
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[str, argparse.ArgumentParser]]:
+    """{name: (one-line summary, its parser)} of every subcommand, sorted by name."""
+    found: dict[str, tuple[str, argparse.ArgumentParser]] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            summaries = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            for name, command in action.choices.items():
+                found[name] = (summaries.get(name, ""), command)
+    return dict(sorted(found.items()))

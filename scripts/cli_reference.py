@@ -1,6 +1,7 @@
-"""docs/cli.md, the command-line reference, generated from the argument parser.
+"""docs/cli.md, the command-line reference, generated from the argument parser (a docs tool,
+not a command: it lives beside the other scripts, outside the package).
 
-    python -m nxdi_gptoss_fp8.cli.reference docs/cli.md
+    python scripts/cli_reference.py docs/cli.md
 
 Every command ``build_parser`` registers gets a section (sorted by name): its summary, usage,
 description, every argument with its help, and its examples. The page is rendered from the
@@ -18,14 +19,16 @@ import re
 import sys
 from collections.abc import Sequence
 
-from .. import format as fmt
-from . import build_parser
-from ._help import Example, render_examples
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree's package
 
-__all__ = ["PAGE", "REGENERATE", "render_reference", "subcommands"]
+from nxdi_gptoss_fp8 import format as fmt
+from nxdi_gptoss_fp8.cli import build_parser
+from nxdi_gptoss_fp8.cli._help import Example, render_examples, subcommands
+
+__all__ = ["PAGE", "REGENERATE", "main", "render_reference"]
 
 PAGE = os.path.join("docs", "cli.md")
-REGENERATE = f"python -m nxdi_gptoss_fp8.cli.reference {PAGE}"
+REGENERATE = f"python scripts/cli_reference.py {PAGE}"
 PROG = "nxdi-gptoss-fp8"
 
 
@@ -53,17 +56,6 @@ def render_reference() -> str:
     for name, (summary, command) in commands.items():
         lines += [f"## {name}", "", f"{_inline(summary[:1].upper() + summary[1:])}.", "", *_section(command)]
     return "\n".join(lines).rstrip("\n") + "\n"
-
-
-def subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[str, argparse.ArgumentParser]]:
-    """{name: (one-line summary, its parser)} of every subcommand, sorted by name."""
-    found: dict[str, tuple[str, argparse.ArgumentParser]] = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            summaries = {choice.dest: choice.help or "" for choice in action._choices_actions}
-            for name, command in action.choices.items():
-                found[name] = (summaries.get(name, ""), command)
-    return dict(sorted(found.items()))
 
 
 def _section(parser: argparse.ArgumentParser) -> list[str]:
