@@ -356,37 +356,32 @@ def _in_threads(by_shard: dict[str, list[ScanTarget]], threads: int, chunk_bytes
 
 
 def _report(report: PreflightReport, target: ScanTarget, result: TensorResult) -> None:
+    """Each value finding of one tensor, added to ``report`` against its shard and key."""
+    for reason, message, severity in _value_findings(target, result):
+        report.add("values", reason, message, file=target.shard, key=target.key, severity=severity)
+
+
+def _value_findings(target: ScanTarget, result: TensorResult) -> Iterator[tuple[str, str, Severity]]:
+    """(reason, message, severity) of each kind of bad value the scan counted in one tensor."""
     if result.out_of_range and result.first_out_of_range is not None:
         expert, row, col, byte = result.first_out_of_range
-        report.add(
-            "values", "fp8_out_of_range",
-            f"{target.key} has {result.out_of_range} FP8 values with all exponent bits set (|x| > "
-            f"{fmt.FP8_MAX:g} or NaN), which Neuron's E4M3 cannot hold; first at "
-            f"{target.coords(expert, row, col)} = 0x{byte:02X}: re-quantize within ±{fmt.FP8_MAX:g}",
-            file=target.shard, key=target.key,
-        )
+        yield ("fp8_out_of_range",
+               f"{target.key} has {result.out_of_range} FP8 values with all exponent bits set (|x| > "
+               f"{fmt.FP8_MAX:g} or NaN), which Neuron's E4M3 cannot hold; first at "
+               f"{target.coords(expert, row, col)} = 0x{byte:02X}: re-quantize within ±{fmt.FP8_MAX:g}", Severity.ERROR)
     if result.non_finite and result.first_non_finite is not None:
         expert, row, col, value = result.first_non_finite
-        report.add(
-            "values", "non_finite",
-            f"{target.key} has {result.non_finite} non-finite BF16 values (±inf or NaN); first at "
-            f"{target.coords(expert, row, col)} = 0x{value:04X}: the model would compute with them; "
-            "convert again from a source whose values are all finite",
-            file=target.shard, key=target.key,
-        )
+        yield ("non_finite",
+               f"{target.key} has {result.non_finite} non-finite BF16 values (±inf or NaN); first at "
+               f"{target.coords(expert, row, col)} = 0x{value:04X}: the model would compute with them; "
+               "convert again from a source whose values are all finite", Severity.ERROR)
     if result.nonzero_padding and result.first_padding is not None:
-        report.add(
-            "values", "nonzero_padding",
-            f"{target.key} has {result.nonzero_padding} non-zero values in its padding (rows/columns "
-            f"beyond H or I); first at {target.coords(*result.first_padding)}: padding must be "
-            "zero, re-convert the checkpoint",
-            file=target.shard, key=target.key,
-        )
+        yield ("nonzero_padding",
+               f"{target.key} has {result.nonzero_padding} non-zero values in its padding (rows/columns "
+               f"beyond H or I); first at {target.coords(*result.first_padding)}: padding must be "
+               "zero, re-convert the checkpoint", Severity.ERROR)
     if result.zero_experts:
         shown = ", ".join(map(str, result.zero_experts[:8])) + (" ..." if len(result.zero_experts) > 8 else "")
-        report.add(
-            "values", "zero_expert",
-            f"{target.key}: {len(result.zero_experts)} of {target.experts} experts are all zero (experts "
-            f"{shown}): a sign of a broken conversion; compare with the source checkpoint",
-            file=target.shard, key=target.key, severity=Severity.WARNING,
-        )
+        yield ("zero_expert",
+               f"{target.key}: {len(result.zero_experts)} of {target.experts} experts are all zero (experts "
+               f"{shown}): a sign of a broken conversion; compare with the source checkpoint", Severity.WARNING)
