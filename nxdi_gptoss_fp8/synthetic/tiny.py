@@ -7,12 +7,13 @@ quantized expert-wise per channel to FP8 within ±240, padded rows and columns z
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
 from .. import format as fmt
 from ..convert.fp8 import quantize_expertwise
-from .tiny_stdlib import TINY_DIMS, TINY_MAX_SHARD_SIZE, check_seed, tiny_layout, write_tiny
+from .tiny_stdlib import TINY_DIMS, TINY_MAX_SHARD_SIZE, write_tiny
 
 __all__ = ["TINY_DIMS", "TINY_MAX_SHARD_SIZE", "make_tiny", "tiny_tensors"]
 
@@ -60,21 +61,12 @@ def tiny_tensors(layout: fmt.Layout, *, seed: int = 0) -> dict[str, torch.Tensor
     return tensors
 
 
-def make_tiny(
-    out: str | os.PathLike[str],
-    *,
-    dims: fmt.ModelDims = TINY_DIMS,
-    padded_hidden_size: int | None = None,
-    padded_intermediate_size: int | None = None,
-    max_shard_size: int = TINY_MAX_SHARD_SIZE,
-    seed: int = 0,
-    overwrite: bool = False,
-) -> str:
-    """Write a valid tiny normalized checkpoint to ``out`` (custom profile unless the
-    dimensions are a published profile's); returns the directory. ``ValueError`` before anything
-    is written when the dimensions, padded sizes, size or seed are not ones it can write
-    (``tiny_stdlib.tiny_layout``). ``overwrite`` replaces only an earlier normalized output
-    (``output_target.output_target``); anything else is a ``ConversionError``, nothing removed."""
-    layout = tiny_layout(dims, padded_hidden_size, padded_intermediate_size)  # ValueError before any work
-    return write_tiny(out, layout, tiny_tensors(layout, seed=check_seed(seed)).items(), generator="nxdi-gptoss-fp8 make-tiny",
-                      seed=seed, max_shard_size=max_shard_size, overwrite=overwrite)
+def make_tiny(out: str | os.PathLike[str], **options: Any) -> str:
+    """Write a valid tiny normalized checkpoint to ``out`` (custom profile unless the dimensions
+    are a published profile's); returns the directory. The options (``dims``,
+    ``padded_hidden_size``, ``padded_intermediate_size``, ``max_shard_size``, ``seed``,
+    ``overwrite``) and the errors are ``tiny_stdlib.write_tiny``'s: ``ValueError`` before anything
+    is written for dimensions, sizes or a seed it cannot write; ``overwrite`` replaces only an
+    earlier normalized output, anything else is a ``ConversionError``."""
+    return write_tiny(out, lambda layout, seed: tiny_tensors(layout, seed=seed).items(),
+                      generator="nxdi-gptoss-fp8 make-tiny", **options)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import random
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .. import format as fmt
@@ -135,10 +135,27 @@ def check_seed(seed: int) -> int:
     return seed
 
 
-def write_tiny(out: str | os.PathLike[str], layout: fmt.Layout, tensors: Iterable[tuple[str, Any]], *,
-               generator: str, seed: int, max_shard_size: int, overwrite: bool) -> str:
-    """Write ``tensors`` (every name of the namespace, with data the writer accepts) as a
-    checkpoint of ``layout`` at ``out``, with provenance; returns the directory."""
+def write_tiny(
+    out: str | os.PathLike[str],
+    values: Callable[[fmt.Layout, int], Iterable[tuple[str, Any]]],
+    *,
+    generator: str,
+    dims: fmt.ModelDims = TINY_DIMS,
+    padded_hidden_size: int | None = None,
+    padded_intermediate_size: int | None = None,
+    max_shard_size: int = TINY_MAX_SHARD_SIZE,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> str:
+    """Write a valid tiny normalized checkpoint to ``out`` with provenance (``generator``, ``seed``);
+    returns the directory. ``values(layout, seed)`` gives every name of the namespace with data the
+    writer accepts: this module's bytes (``make_tiny_stdlib``) or ``tiny``'s torch tensors
+    (``make_tiny``), the two sharing these options. ``ValueError`` before anything is written when
+    the dimensions, padded sizes, size or seed are not ones it can write (``tiny_layout``,
+    ``check_seed``). ``overwrite`` replaces only an earlier normalized output
+    (``output_target.output_target``); anything else is a ``ConversionError``, nothing removed."""
+    layout = tiny_layout(dims, padded_hidden_size, padded_intermediate_size)  # ValueError before any work
+    tensors = values(layout, check_seed(seed))
     source = {"generator": generator, "seed": seed}
     with CheckpointWriter(out, layout, fmt.profile_for_dims(layout.dims), fmt.hf_config(layout.dims),
                           max_shard_size=max_shard_size, source=source, overwrite=overwrite) as writer:
@@ -147,20 +164,13 @@ def write_tiny(out: str | os.PathLike[str], layout: fmt.Layout, tensors: Iterabl
         return writer.commit()
 
 
-def make_tiny_stdlib(
-    out: str | os.PathLike[str],
-    *,
-    dims: fmt.ModelDims = TINY_DIMS,
-    padded_hidden_size: int | None = None,
-    padded_intermediate_size: int | None = None,
-    max_shard_size: int = TINY_MAX_SHARD_SIZE,
-    seed: int = 0,
-    overwrite: bool = False,
-) -> str:
+def _bytes_of_every_tensor(layout: fmt.Layout, seed: int) -> Iterator[tuple[str, bytes]]:
+    rng = random.Random(seed)
+    return ((name, tensor_bytes(spec, layout, rng)) for name, spec in fmt.expected_namespace(layout).items())
+
+
+def make_tiny_stdlib(out: str | os.PathLike[str], **options: Any) -> str:
     """Write a valid tiny normalized checkpoint to ``out`` without torch; returns the directory.
-    ``overwrite`` replaces only an earlier normalized output (``output_target.output_target``)."""
-    layout = tiny_layout(dims, padded_hidden_size, padded_intermediate_size)
-    rng = random.Random(check_seed(seed))
-    tensors = ((name, tensor_bytes(spec, layout, rng)) for name, spec in fmt.expected_namespace(layout).items())
-    return write_tiny(out, layout, tensors, generator="nxdi-gptoss-fp8 (standard library)", seed=seed,
-                      max_shard_size=max_shard_size, overwrite=overwrite)
+    The options (``dims``, ``padded_hidden_size``, ``padded_intermediate_size``, ``max_shard_size``,
+    ``seed``, ``overwrite``) and the errors are ``write_tiny``'s."""
+    return write_tiny(out, _bytes_of_every_tensor, generator="nxdi-gptoss-fp8 (standard library)", **options)
