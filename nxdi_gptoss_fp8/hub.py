@@ -23,6 +23,7 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ConversionError
+from .recognize import SINGLE_FILE
 from .safeio.files import not_regular_reason
 from .safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 
@@ -32,7 +33,6 @@ COMPANION_FILES = (
     "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt",
     "added_tokens.json",
 )
-SINGLE_FILE = "model.safetensors"
 SOURCE_CARD = "README.md"  # read for its license (the output gets its own card), never copied
 METADATA_FILES = (fmt.CONFIG_FILE, fmt.INDEX_FILE, SOURCE_CARD, *COMPANION_FILES)
 NEVER_FETCHED = ("original/*", "metal/*")

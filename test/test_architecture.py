@@ -1,12 +1,14 @@
 """The package layout's rules (docs/architecture.md), read from the source with ``ast``: no import
 circle (``TYPE_CHECKING`` imports included), the tiers import only downward, ``errors`` is a
 leaf, every module declares ``__all__``, no module grows past ~500 lines unless its docstring says
-why, at most 20 modules at the top, one module of ``cli/`` per command, named after it; and the
-test suite's: only ``conftest.py`` puts ``test/support`` on ``sys.path``."""
+why, at most 20 modules at the top, one module of ``cli/`` per command, named after it, ``machine``
+the one reader of /proc and /sys, each public name defined in one module; and the test suite's:
+only ``conftest.py`` puts ``test/support`` on ``sys.path``."""
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -237,3 +239,111 @@ def test_the_command_line_has_one_module_per_command_named_after_it() -> None:
         assert hasattr(module, f"add_{name}_command"), name
     others = {name.rsplit(".", 1)[1] for name in MODULES if name.startswith(f"{PKG}.cli.")} - commands
     assert {name for name in others if not name.startswith("_")} == set()
+
+
+# --------------------------------------------------------------------------- /proc and /sys
+# a path under /proc or /sys in a string literal (an f-string's text included), not in prose
+# that merely mentions one: ``machine`` is the one reader of both, with its fallbacks
+SYSTEM_PATH = re.compile(r"(?<![\w.-])/(?:proc|sys)\b")
+SYSTEM_READER = f"{PKG}.machine"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of the module and of every class and function in it."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                found.add(id(first.value))
+    return found
+
+
+def _system_paths(tree: ast.AST) -> list[int]:
+    """Lines of string literals (docstrings aside) naming a path under /proc or /sys."""
+    prose = _docstrings(tree)
+    return sorted({node.lineno for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose
+                   and SYSTEM_PATH.search(node.value)})
+
+
+def test_the_detector_finds_system_paths_in_code_not_in_prose() -> None:
+    code = ('"""Reads /proc/self/maps."""\n'
+            'def f(fd):\n    """Where /proc/self/fd points."""\n    return open(f"/proc/self/fd/{fd}")\n'
+            'CACHE = "/sys/devices/system/cpu"\nOTHER = "/usr/sysroot", "a/proc", "/procedure"\n')
+    assert _system_paths(ast.parse(code)) == [4, 5]
+
+
+def test_only_machine_reads_proc_and_sys() -> None:
+    """``machine`` is the one reader of /proc and /sys (docs/architecture.md): every other module
+    asks it, so each answer has one fallback where Linux's files are missing."""
+    readers = {name: lines for name, path in MODULES.items() if name != SYSTEM_READER
+               and (lines := _system_paths(ast.parse(path.read_text(encoding="utf-8"))))}
+    assert readers == {}
+    assert _system_paths(ast.parse(MODULES[SYSTEM_READER].read_text(encoding="utf-8")))
+
+
+# --------------------------------------------------------------------------- one name, one definition
+# A public name (no leading underscore) bound at a module's top level — a def, a class or an
+# assignment, also inside a top-level if/try/with; imports bind no new name — is defined in one
+# module of the package: a second module imports it, or names its own concept differently.
+# name → (the modules that may each define it, None: any; why)
+ONE_DEFINITION_EXCEPTIONS: dict[str, tuple[frozenset[str] | None, str]] = {
+    "logger": (None, "each module's own logging.getLogger(__name__), logging's convention"),
+    "NAME": (frozenset(f"{PKG}.convert.kinds.{kind}" for kind in ("hf_mxfp4", "hf_bf16", "compressed_tensors")),
+             "each source kind module's own kind name, the attribute its kinds/base.SourceKind class reads"),
+    # still to merge (modules rewritten elsewhere): copies of one value, or one name for two values
+    "MODEL_TYPE": (frozenset({f"{PKG}.format", f"{PKG}.nxdi.hook"}), "nxdi/hook.py's copy of format.MODEL_TYPE"),
+    "SINGLE_FILE": (frozenset({f"{PKG}.recognize", f"{PKG}.convert.source"}),
+                    "convert/source.py's copy of recognize.SINGLE_FILE"),
+    "QUANT_METHOD": (frozenset({f"{PKG}.format", f"{PKG}.convert.kinds.compressed_tensors"}),
+                     "the format's quant_method and compressed-tensors' under one name"),
+}
+
+
+def _public_definitions(tree: ast.Module) -> set[str]:
+    """The public names a module binds at its top level (see ``ONE_DEFINITION_EXCEPTIONS``)."""
+    names: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                visit([*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                       *(stmt for handler in getattr(node, "handlers", []) for stmt in handler.body)])
+
+    visit(tree.body)
+    return {name for name in names if not name.startswith("_")}
+
+
+def _definitions() -> dict[str, set[str]]:
+    """Public name → the modules that define it."""
+    found: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        for defined in _public_definitions(ast.parse(path.read_text(encoding="utf-8"))):
+            found.setdefault(defined, set()).add(name)
+    return found
+
+
+def test_the_detector_finds_top_level_definitions_only() -> None:
+    code = ("import os\nfrom x import Y\nA = 1\nB: int = 2\n_C = 3\nD, (E, F) = 1, (2, 3)\n"
+            "def g():\n    H = 1\nclass K:\n    L = 1\n"
+            "try:\n    import numpy as np\nexcept ImportError:\n    np = None\n"
+            "if os.name:\n    M = 1\nelse:\n    N = 2\n")
+    assert _public_definitions(ast.parse(code)) == {"A", "B", "D", "E", "F", "g", "K", "np", "M", "N"}
+
+
+def test_one_public_name_one_definition() -> None:
+    """No public name defined in two modules (``Source`` was the converter's detected source and
+    the manifest's recorded checkpoint): a reader of either module knows which one it holds."""
+    twice = {name: modules for name, modules in _definitions().items() if len(modules) > 1}
+    unexplained = {name: sorted(modules) for name, modules in twice.items()
+                   if name not in ONE_DEFINITION_EXCEPTIONS
+                   or not (ONE_DEFINITION_EXCEPTIONS[name][0] is None or modules <= ONE_DEFINITION_EXCEPTIONS[name][0])}
+    assert unexplained == {}, "define each public name once: import it, or name the other concept differently"
+    stale = sorted(set(ONE_DEFINITION_EXCEPTIONS) - set(twice))
+    assert stale == [], f"no longer defined twice: remove from ONE_DEFINITION_EXCEPTIONS: {stale}"

@@ -20,7 +20,8 @@ from nxdi_gptoss_fp8.cli import main
 from nxdi_gptoss_fp8.convert import convert
 from nxdi_gptoss_fp8.errors import ConversionError, OutputWriteError
 from nxdi_gptoss_fp8.output_target.install import is_write_error, remove_work_dir, staged_output
-from nxdi_gptoss_fp8.output_target.rule import NORMALIZED, SOURCE, OutputTarget, check_writable, output_target
+from nxdi_gptoss_fp8.output_target.rule import SOURCE, OutputTarget, check_writable, output_target
+from nxdi_gptoss_fp8.recognize import NORMALIZED
 from nxdi_gptoss_fp8.synthetic import sources
 from nxdi_gptoss_fp8.synthetic.sources import SOURCE_BF16, SOURCE_COMPRESSED_TENSORS, SOURCE_MXFP4, make_source
 from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS, make_tiny, tiny_tensors

@@ -7,7 +7,7 @@ The two models run one after the other, each holding one decoder layer's experts
   with the BF16 pages they were loaded from (dropped once copied); for the layer running, its
   FP8 experts twice (NxD's sharded copy, and the mapped pages it was copied from) and what NxD
   dequantizes to float32: every expert at once on its all-experts path (a context of fewer
-  than ``BLOCK_SIZE`` / top-k tokens), else one expert per block (its blockwise path);
+  than ``NXD_BLOCK_SIZE`` / top-k tokens), else one expert per block (its blockwise path);
 * the reference: its float32 embedding and head, one layer's attention in float32, and the
   experts it decodes one at a time, with the source bytes of the layer;
 
@@ -23,13 +23,13 @@ from typing import Any
 from .. import format as fmt
 from ..units import format_bytes
 
-__all__ = ["BLOCK_SIZE", "MARGIN", "PROCESS_BYTES", "MemoryNeed", "ReferenceNeed", "check_memory", "forward_memory",
+__all__ = ["FORWARD_PROCESS_BYTES", "MARGIN", "NXD_BLOCK_SIZE", "MemoryNeed", "ReferenceNeed", "check_memory", "forward_memory",
            "reference_memory", "require_memory"]
 
-PROCESS_BYTES = 900 << 20  # the interpreter with torch, NxDI, NxD and transformers imported
+FORWARD_PROCESS_BYTES = 900 << 20  # the interpreter with torch, NxDI, NxD and transformers imported
 MARGIN = 1.15
-F32 = 4
-BLOCK_SIZE = 512  # NxD's default blockwise block size (modules/moe/model_utils.DEFAULT_BLOCK_SIZE)
+F32_BYTES = 4
+NXD_BLOCK_SIZE = 512  # NxD's default blockwise block size (modules/moe/model_utils.DEFAULT_BLOCK_SIZE)
 
 
 @dataclass(frozen=True)
@@ -62,17 +62,17 @@ def forward_memory(layout: fmt.Layout, layers: int, seq_len: int) -> MemoryNeed:
     experts, hidden, inter = dims.num_local_experts, layout.padded_hidden_size, layout.padded_intermediate_size
     per_expert = hidden * 2 * inter + inter * hidden
     fp8_layer = experts * per_expert
-    all_experts = seq_len * dims.num_experts_per_tok < BLOCK_SIZE
-    dequantized = F32 * (experts if all_experts else 2) * per_expert
-    rows = seq_len * experts if all_experts else 2 * BLOCK_SIZE
-    activations = F32 * rows * (2 * inter + inter + hidden)
-    nxdi_layer = (F32 + 2) * _attention(hidden, dims)  # float32 parameters, and the BF16 pages while loading
-    nxdi = (PROCESS_BYTES + (F32 + 2) * 2 * dims.vocab_size * hidden + layers * nxdi_layer
+    all_experts = seq_len * dims.num_experts_per_tok < NXD_BLOCK_SIZE
+    dequantized = F32_BYTES * (experts if all_experts else 2) * per_expert
+    rows = seq_len * experts if all_experts else 2 * NXD_BLOCK_SIZE
+    activations = F32_BYTES * rows * (2 * inter + inter + hidden)
+    nxdi_layer = (F32_BYTES + 2) * _attention(hidden, dims)  # float32 parameters, and the BF16 pages while loading
+    nxdi = (FORWARD_PROCESS_BYTES + (F32_BYTES + 2) * 2 * dims.vocab_size * hidden + layers * nxdi_layer
             + 2 * fp8_layer + dequantized + activations)
     h, i = dims.hidden_size, dims.intermediate_size
     source_layer = experts * (h * 2 * i + i * h)  # at most one byte a value (MXFP4: half), mapped while read
-    reference = (PROCESS_BYTES + F32 * 2 * dims.vocab_size * h + F32 * _attention(h, dims)
-                 + 2 * F32 * (h * 2 * i + i * h) + source_layer)
+    reference = (FORWARD_PROCESS_BYTES + F32_BYTES * 2 * dims.vocab_size * h + F32_BYTES * _attention(h, dims)
+                 + 2 * F32_BYTES * (h * 2 * i + i * h) + source_layer)
     total = int(max(nxdi, reference) * MARGIN)
     return MemoryNeed(total, int(nxdi * MARGIN), int(reference * MARGIN), int(nxdi_layer * MARGIN), layers)
 
@@ -128,6 +128,6 @@ def reference_memory(dims: fmt.ModelDims, itemsize: int, layers: int | None = No
     model = sum(itemsize * spec.numel for spec in kept)
     h, i = dims.hidden_size, dims.intermediate_size
     per_expert = h * 2 * i + i * h
-    per_layer = 2 * F32 * per_expert + dims.num_local_experts * per_expert
-    total = int((PROCESS_BYTES + model + per_layer) * MARGIN)
+    per_layer = 2 * F32_BYTES * per_expert + dims.num_local_experts * per_expert
+    total = int((FORWARD_PROCESS_BYTES + model + per_layer) * MARGIN)
     return ReferenceNeed(total, model, int(per_layer * MARGIN))

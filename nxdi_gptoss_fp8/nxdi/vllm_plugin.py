@@ -27,19 +27,19 @@ import logging
 import os
 import re
 
+from .. import format as fmt
 from .. import support
 from ..errors import RegistrationError
 from . import hook as nxdi_hook
 
-__all__ = ["ARCHITECTURE", "RUN_AGAINST", "logger", "register_plugin", "vllm_model_type"]
+__all__ = ["RUN_AGAINST", "logger", "register_plugin", "vllm_model_type"]
 
 logger = logging.getLogger(__name__)
 
-ARCHITECTURE = "GptOssForCausalLM"  # config.json's architectures[0]
 RUN_AGAINST = support.VLLM_NEURON_RUN_AGAINST  # the vllm-neuron releases whose loader the client tests run
 
 
-def vllm_model_type(architecture: str = ARCHITECTURE) -> tuple[str, str]:
+def vllm_model_type(architecture: str = fmt.ARCHITECTURE) -> tuple[str, str]:
     """The ``MODEL_TYPES`` key and task the NxDI-backed vllm-neuron (0.2.0 and later) computes for
     ``architecture``: the text before "For" lower-cased, the task after it in kebab case."""
     model, task = architecture.split("For", 1)

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Iterator
 
 from .. import format as fmt
 from ..errors import ConversionError, OutputWriteError
+from ..recognize import NORMALIZED
 from ..units import printable
-from .rule import NORMALIZED, SOURCE, OutputTarget, inside, output_target
+from .rule import SOURCE, OutputTarget, inside, output_target
 from .work_dirs import is_our_hidden, make_private_dir, remove_stale_partials
 
 __all__ = ["install", "is_write_error", "remove_work_dir", "staged_output", "write_failed"]

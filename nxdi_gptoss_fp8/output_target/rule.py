@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 from .. import format as fmt
 from ..errors import ConversionError, OutputWriteError
+from ..recognize import COMPRESSED_TENSORS_FP8, HF_BF16, HF_MXFP4, LEGACY_FP8, NORMALIZED, TITLES, recognize
 from ..safeio.json_file import JsonFileError, read_json_file
 from ..units import printable
 from .work_dirs import is_our_hidden
 
-__all__ = ["NORMALIZED", "OUTPUT_SIDE_FILES", "SOURCE", "SOURCE_KINDS", "OutputTarget", "check_writable", "inside",
+__all__ = ["OUTPUT_SIDE_FILES", "SOURCE", "SOURCE_KINDS", "OutputTarget", "check_writable", "inside",
            "output_target"]
 
 
@@ -34,12 +35,12 @@ def _not_a_directory(out: str) -> str:
     return f"{out} exists and is not a directory: choose another output path"
 
 
-# the kinds of output: what ``convert`` and ``make-tiny`` write (a normalized checkpoint), and the
-# synthetic sources (``make-tiny --hf-mxfp4/--hf-bf16/--ct-fp8``, ``synthetic.sources``), by their
-# ``recognize`` kind; SOURCE: any of these (a writer that learns the kind from what it wrote)
-NORMALIZED = "normalized-fp8"
+# the kinds of output: what ``convert`` and ``make-tiny`` write (a normalized checkpoint,
+# ``recognize.NORMALIZED``), and the synthetic sources (``make-tiny --hf-mxfp4/--hf-bf16/--ct-fp8``,
+# ``synthetic.sources``), by their ``recognize`` kind; SOURCE: any of these (a writer that learns
+# the kind from what it wrote)
 SOURCE = "source"
-SOURCE_KINDS = ("hf-mxfp4", "hf-bf16", "compressed-tensors-fp8", "nxdi-legacy-fp8")
+SOURCE_KINDS = (HF_MXFP4, HF_BF16, COMPRESSED_TENSORS_FP8, LEGACY_FP8)
 # what an earlier output of ours holds: a ``--overwrite`` replaces only a directory of these
 _OUR_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 OUTPUT_SIDE_FILES = ("README.md",)  # written beside the checkpoint (the model card)
@@ -74,8 +75,6 @@ def _is_plain_file(out: str, name: str) -> bool:
 
 
 def _kind_title(kind: str) -> str:
-    from ..recognize import TITLES
-
     return "a synthetic source" if kind == SOURCE else TITLES.get(kind, kind)
 
 
@@ -92,8 +91,6 @@ def _foreign(out: str, entries: list[str], kind: str, extra_names: Iterable[str]
         return foreign
     foreign = [name for name in entries if not _is_source_name(out, name)]
     if not foreign:
-        from ..recognize import recognize
-
         found = recognize(out).kind
         if found not in SOURCE_KINDS or (kind != SOURCE and found != kind):
             foreign.append(f"{_kind_title(found)}, not {_kind_title(kind)}")

@@ -29,14 +29,13 @@ from ..units import plural
 from .vllm_config import VLLM_OVERRIDE_KEY
 
 __all__ = [
-    "BOOLEAN_NEURON_CONFIG_KEYS", "KNOWN_NEURON_CONFIG_KEYS", "MAX_CONFIG_FILE_SIZE", "MAX_DIMENSION",
+    "BOOLEAN_NEURON_CONFIG_KEYS", "KNOWN_NEURON_CONFIG_KEYS", "MAX_CONFIG_FILE_SIZE",
     "MAX_EXCLUSION_WORK", "SWITCH_OFF", "SWITCH_ON", "Problem", "bounded_int", "config_attr",
     "describe", "has_model_fields", "model_config_problems", "model_part",
     "neuron_config_problems", "neuron_config_view", "parse_load_mode", "parse_reference", "parse_switch", "parse_verify_at_load",
     "read_config_file", "reference_choice", "switch_from_env", "unknown_key_problems",
 ]
 
-MAX_DIMENSION = fmt.MAX_DIMENSION
 # NxD's substring rule costs (paths × entries); real configs have a handful of entries
 MAX_EXCLUSION_WORK = 2_000_000
 MAX_NEAREST_SEARCHES = 100  # unknown keys given a "did you mean" (a JSON may hold thousands)
@@ -114,7 +113,7 @@ def describe(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def bounded_int(value: Any, low: int = 1, high: int = MAX_DIMENSION) -> int | None:
+def bounded_int(value: Any, low: int = 1, high: int = fmt.MAX_DIMENSION) -> int | None:
     """``value`` if it is an int (not a bool) within ``low`` … ``high``, else None."""
     return value if type(value) is int and low <= value <= high else None
 
