@@ -367,7 +367,7 @@ def explain_read_error(exc: BaseException, repo_id: str, revision: str | None) -
         when = f"retry after {retry} s" if retry else "retry later"
         return f"the Hub is rate-limiting this client (HTTP 429): {when}; a token (HF_TOKEN) gets a higher limit"
     if isinstance(exc, TimeoutError) or "Timeout" in name:
-        return f"the Hub did not answer in time ({exc or name}): check the network and proxy (HTTPS_PROXY), then retry"
+        return f"the Hub did not answer in time ({name}): check the network and proxy (HTTPS_PROXY), then retry"
     if "EntryNotFound" in name or (status == 404 and "RepositoryNotFound" not in name and "RevisionNotFound" not in name):
         return f"a file is not in {repo_id} at revision {revision or 'main'} (HTTP 404): check the repo id and revision"
     if name in ("ConnectError", "NetworkError", "ProxyError", "RemoteProtocolError", "ReadError", "WriteError"):

@@ -13,6 +13,7 @@ huggingface_hub is imported only here, lazily. Every failure to read (unreachabl
 
 from __future__ import annotations
 
+import importlib
 import io
 import posixpath
 import queue
@@ -50,7 +51,8 @@ class HubEntry:
 
 def hub_errors() -> tuple[type[BaseException], ...]:
     """The exceptions huggingface_hub's calls raise for a failed request: its own HTTP errors,
-    and the transport's (requests' are ``OSError``s; httpx's, in huggingface_hub 1.x/2.x, are not)."""
+    and the transport's (requests' are ``OSError``s; httpx's and httpx2's, in huggingface_hub 1.x and
+    2.x, are not)."""
     found: list[type[BaseException]] = [OSError, ValueError, TimeoutError]
     try:
         from huggingface_hub.errors import HfHubHTTPError
@@ -58,13 +60,12 @@ def hub_errors() -> tuple[type[BaseException], ...]:
         found.append(HfHubHTTPError)
     except ImportError:  # pragma: no cover - huggingface_hub < 0.24
         pass
-    try:
-        import httpx
-
-        found.append(httpx.HTTPError)
-        found.append(httpx.InvalidURL)
-    except ImportError:
-        pass
+    for transport in ("httpx", "httpx2"):  # huggingface_hub 1.x's, and 2.x's
+        try:
+            module = importlib.import_module(transport)
+        except ImportError:
+            continue
+        found.extend(getattr(module, name) for name in ("HTTPError", "InvalidURL", "StreamError") if hasattr(module, name))
     return tuple(found)
 
 
