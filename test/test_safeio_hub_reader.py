@@ -328,3 +328,18 @@ def test_only_small_metadata_lands_in_the_hub_cache(published: Path, tmp_path: P
     cache = tmp_path / "hf-home"
     landed = [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
     assert sum(p.stat().st_size for p in landed) < 64 * 1024
+
+
+def test_doctor_judges_the_repo_vllm_would_download(published: Path, server: HubServer,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``doctor -- vllm serve REPO_ID``: the start is refused (vLLM would re-save a Hub id), and
+    the repo's checkpoint gets the preflight's findings, read on the Hub at vLLM's --revision."""
+    monkeypatch.setenv(fmt.ALLOW_CUSTOM_ENV, "1")
+    config = json.loads((published / fmt.CONFIG_FILE).read_text())
+    (published / fmt.CONFIG_FILE).write_text(json.dumps({**config, "model_type": "llama"}))
+    main(["doctor", "--json", "--", "vllm", "serve", REPO_ID, "--revision", "v1"])
+    document = json.loads(capsys.readouterr().out)
+    codes = {finding["code"] for finding in document["findings"]}
+    assert {"config.wrong_model_type"} <= codes and any("hub_id" in code for code in codes), codes
+    assert any(path == f"/api/models/{REPO_ID}/revision/v1" for _, path, _ in _repo_requests(server))
