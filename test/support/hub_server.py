@@ -263,17 +263,25 @@ class HubServer:
                 return
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
-        with open(file, "rb") as handle:
-            handle.seek(start)
-            data = handle.read(end - start + 1) if method != "HEAD" else b""
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/octet-stream")
+        handler.send_header("Content-Length", str(end - start + 1))
+        for key, value in headers.items():
+            handler.send_header(key, value)
+        handler.end_headers()
         if method == "HEAD":
-            handler.send_response(status)
-            handler.send_header("Content-Length", str(end - start + 1))
-            for key, value in headers.items():
-                handler.send_header(key, value)
-            handler.end_headers()
             return
-        self._send(handler, status, data, method=method, headers=headers, content_type="application/octet-stream")
+        with open(file, "rb") as handle:  # streamed: a whole shard never sits in memory
+            handle.seek(start)
+            left = end - start + 1
+            while left > 0:
+                chunk = handle.read(min(left, 8 << 20))
+                if not chunk:
+                    break
+                handler.wfile.write(chunk)
+                left -= len(chunk)
+                with self._lock:
+                    self.bytes_sent += len(chunk)
 
 
 def _posted_paths(body: bytes, content_type: str) -> list[str]:
