@@ -32,11 +32,11 @@ COMMIT = "b" * 40
 
 
 def _point_hub_at(endpoint: str) -> None:
-    os.environ["HF_ENDPOINT"] = endpoint
-    from huggingface_hub import constants
+    from hub_server import endpoint_settings
 
-    constants.ENDPOINT = endpoint
-    constants.HUGGINGFACE_CO_URL_TEMPLATE = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    os.environ["HF_ENDPOINT"] = endpoint
+    for target, name, value in endpoint_settings(endpoint):
+        setattr(target, name, value)
 
 
 def _repo_requests(server: object) -> list[tuple[str, str, str | None]]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from corpus import CASES, Bases, Options, corpus
-from hub_server import Fault, HubServer, Repo
+from hub_server import Fault, HubServer, Repo, endpoint_settings
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
@@ -59,8 +59,8 @@ def hub_endpoint(server: HubServer, monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setenv("HF_HUB_CACHE", str(cache / "hub"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    for target, name, value in endpoint_settings(server.endpoint):
+        monkeypatch.setattr(target, name, value)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", True, raising=False)
@@ -264,13 +264,12 @@ def test_an_unreachable_hub_is_one_line_exit_2(published: Path, monkeypatch: pyt
                                                capsys: pytest.CaptureFixture[str]) -> None:
     import socket
 
-    from huggingface_hub import constants
 
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    monkeypatch.setattr(constants, "ENDPOINT", closed)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", closed + "/{repo_id}/resolve/{revision}/{filename}")
+    for target, name, value in endpoint_settings(closed):
+        monkeypatch.setattr(target, name, value)
     _fails(["validate", REPO_ID], capsys, "could not be reached")
 
 

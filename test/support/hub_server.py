@@ -7,7 +7,9 @@ the tree (``/api/models/{repo}/tree/{rev}``, recursive), paths-info with LFS oid
 GET) with ``X-Repo-Commit``, ``ETag``, ``X-Linked-Size`` and Range → 206. Errors as the Hub sends
 them (``X-Error-Code``: RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo; 429 with
 ``Retry-After``). Bounded: at most ``max_requests`` requests, each socket with a timeout; started
-and stopped by its user (``with HubServer(...) as hub``). Counts requests and body bytes sent.
+and stopped by its user (``with HubServer(...) as hub``). Every response closes its connection:
+a client's pooled connection can never reach a stopped server that a new one replaced on the
+same port. Counts requests and body bytes sent.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ class HubServer:
     def __exit__(self, *exc: object) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
         self._thread.join(timeout=5)
 
     def reset_counts(self) -> None:
@@ -142,6 +145,8 @@ class HubServer:
     def _send(self, handler: BaseHTTPRequestHandler, status: int, body: bytes = b"", *, method: str = "GET",
               headers: dict[str, str] | None = None, content_type: str = "application/json") -> None:
         handler.send_response(status)
+        handler.send_header("Connection", "close")
+        handler.close_connection = True
         handler.send_header("Content-Type", content_type)
         handler.send_header("Content-Length", str(len(body)))
         for key, value in (headers or {}).items():
@@ -264,6 +269,8 @@ class HubServer:
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         handler.send_response(status)
+        handler.send_header("Connection", "close")
+        handler.close_connection = True
         handler.send_header("Content-Type", "application/octet-stream")
         handler.send_header("Content-Length", str(end - start + 1))
         for key, value in headers.items():
@@ -295,3 +302,17 @@ def _posted_paths(body: bytes, content_type: str) -> list[str]:
 def serve_directory(root: str | os.PathLike[str], repo_id: str, commit: str, **kwargs: Any) -> HubServer:
     """A server holding one repo: the directory ``root`` at ``commit``."""
     return HubServer({repo_id: Repo(Path(root), commit, **kwargs)})
+
+
+def endpoint_settings(endpoint: str) -> list[tuple[Any, str, Any]]:
+    """(object, attribute, value) that point huggingface_hub at ``endpoint`` in this process: its
+    constants read ``HF_ENDPOINT`` at import, and 0.x's ``file_download`` keeps its own copy of
+    the resolve URL template. Apply them with ``monkeypatch.setattr`` (and set ``HF_ENDPOINT``)."""
+    from huggingface_hub import constants, file_download
+
+    template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    settings: list[tuple[Any, str, Any]] = [(constants, "ENDPOINT", endpoint),
+                                            (constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)]
+    if hasattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE"):
+        settings.append((file_download, "HUGGINGFACE_CO_URL_TEMPLATE", template))
+    return settings
