@@ -117,11 +117,12 @@ def add_validate_command(commands: Any) -> None:
     reads.add_argument("--deep", action="store_true",
                        help="also read every FP8 expert byte once: values beyond ±240 or NaN, non-zero "
                             "padding, all-zero experts; and every BF16 tensor for ±inf and NaN (reads the whole "
-                            "checkpoint; progress on a terminal)")
+                            "checkpoint; progress on a terminal; not on a Hub repo id: download it first)")
     validate.add_argument("--verify-checksums", action="store_true",
                           help="hash every shard (in parallel) against the index's shard_sha256; "
-                               "a checkpoint without digests then fails (a compiled directory: every rank file "
-                               "against its manifest)")
+                               "a checkpoint without digests then fails (a Hub repo id: the digests against the "
+                               "Hub's LFS SHA-256 records, no shard byte read; a compiled directory: every rank "
+                               "file against its manifest)")
     validate.add_argument("--ranks", type=_rank_list, metavar="RANKS",
                           help="a compiled directory only: check only these ranks' pre-sharded weights (e.g. 0-31, or "
                                "0,2,4-7) — what a host of a multi-host deployment holds and loads (its start_rank_id … "
