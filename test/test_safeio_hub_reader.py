@@ -342,3 +342,12 @@ def test_doctor_judges_the_repo_vllm_would_download(published: Path, server: Hub
     codes = {finding["code"] for finding in document["findings"]}
     assert {"config.wrong_model_type"} <= codes and any("hub_id" in code for code in codes), codes
     assert any(path == f"/api/models/{REPO_ID}/revision/v1" for _, path, _ in _repo_requests(server))
+
+
+def test_a_hub_error_is_the_json_error_document_with_json(published: Path, server: HubServer,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    server.fault = Fault("/api/models/", 429, headers={"Retry-After": "5"})
+    assert main(["validate", REPO_ID, "--json"]) == 2
+    document = json.loads(capsys.readouterr().out)
+    assert document["ok"] is False and document["exit_code"] == 2
+    assert document["error"]["kind"] == "hub" and "retry after 5 s" in document["error"]["message"]
