@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
-from ..errors import FileTooLargeError, HubAccessError
+from ..errors import HubAccessError
 from .files import FileIdentity
 from .json_file import MAX_JSON_FILE_BYTES, JsonFileError, parse_json_bytes
 from .reader import CheckpointReader
@@ -186,7 +186,7 @@ class HubReader(CheckpointReader):
         except hub_errors() as exc:
             raise self._fail(exc, posixpath.basename(name)) from exc
         data = response.content
-        if response.status_code == 200:  # a server that ignores ranges sent the whole file
+        if response.status_code == 200 and len(data) == self._file(name).size:  # a server that ignores ranges
             data = data[start:start + length]
         with self._lock:
             self.requests += 1
@@ -201,10 +201,9 @@ class HubReader(CheckpointReader):
             entry = self._file(name)
         except FileNotFoundError as exc:
             raise JsonFileError("unreadable", exc, str(exc)) from None
-        if entry.size > MAX_JSON_FILE_BYTES:
-            error = FileTooLargeError(f"{what} is {entry.size:,} bytes", size=entry.size, limit=MAX_JSON_FILE_BYTES,
-                                      grew=False)
-            raise JsonFileError("too_large", None, str(error), size=entry.size, limit=MAX_JSON_FILE_BYTES)
+        if entry.size > MAX_JSON_FILE_BYTES:  # refused before a byte is fetched
+            raise JsonFileError("too_large", None, f"{what} is {entry.size:,} bytes, above the "
+                                f"{MAX_JSON_FILE_BYTES:,}-byte limit", size=entry.size, limit=MAX_JSON_FILE_BYTES)
         raw = self.fetch(name, 0, entry.size) if entry.size else b""
         if on_read is not None:
             on_read(raw, self.identity(name))

@@ -1,7 +1,8 @@
-"""The preflight: every check family, in order, over one directory, into one report (docs/format.md).
+"""The preflight: every check family, in order, over one checkpoint, into one report (docs/format.md).
 
 Reads only ``config.json``, the index, each shard's header and the expert scale tensors (small);
-never a weight byte. Stdlib only, so it runs on any host. Data flows one way: files → parsed headers
+never a weight byte. It reads them through a ``safeio.reader.CheckpointReader``: a directory here,
+or a Hub repo at one commit (``safeio.hub_reader``), judged by the same checks. Stdlib only, so it runs on any host. Data flows one way: files → parsed headers
 → findings. The loader maps tensors only when the report is clean.
 """
 
