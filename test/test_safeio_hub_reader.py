@@ -145,6 +145,9 @@ def test_validate_repo_id_pins_every_read_to_the_commit(published: Path, server:
     fetched = [(path, ranged) for method, path, ranged in rest if "/resolve/" in path]
     assert all(ranged and ranged.startswith("bytes=") for _, ranged in fetched)
     assert {Path(path).name for path, _ in fetched} >= {p.name for p in shards}
+    # every shard's header first (from byte 0), then the scales
+    reads = [ranged.startswith("bytes=0-") for path, ranged in fetched if path.endswith(".safetensors")]
+    assert reads == [True] * len(shards) + [False] * (len(reads) - len(shards)) and len(reads) > len(shards)
 
 
 def test_revision_and_the_at_form_name_the_same_commit(published: Path, capsys: pytest.CaptureFixture[str]) -> None:
