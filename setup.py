@@ -61,7 +61,8 @@ setup(
         # install the torch build you need first (CPU index, or torch-neuronx's on a Neuron host):
         # an installed torch >= 2.1 satisfies these, otherwise pip takes the index's default build.
         "torch": ["torch>=2.1", "safetensors>=0.4.3", "numpy>=1.24", "tqdm>=4.60"],
-        # converting from a Hub repo id (`convert openai/gpt-oss-120b OUT`)
+        # a Hub repo id: converting from it (`convert openai/gpt-oss-120b OUT`), validating it without a
+        # download (`validate ORG/REPO`); 0.x (what transformers 4.57 pins) and 2.x both work
         "hub": ["huggingface_hub>=0.20"],
         # selfcheck / check-forward: transformers' GptOssForCausalLM is the reference model
         # (< 5: NxDI pins transformers 4.57.*, and v5 changed GPT-OSS's expert layout)

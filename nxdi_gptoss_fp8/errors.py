@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Protocol
 
 __all__ = [
-    "CLIENT_CAUGHT", "CheckpointFormatError", "ConfigError", "ConversionError", "CpuModelError", "CpuModelUnavailableError", "FailedReportError",
+    "CLIENT_CAUGHT", "CheckpointFormatError", "ConfigError", "ConversionError", "CpuModelError", "CpuModelUnavailableError", "FailedReportError", "HubAccessError",
     "IntegrityError", "LoadError", "LoadRefusedError", "MissingDependencyError", "NotRegularFileError",
     "NxdiGptossFp8Error", "OutputWriteError", "PreflightError", "RegistrationError", "ReportBindingError",
     "ShardedWeightsError", "refusals_stop_the_start",
@@ -163,6 +163,11 @@ class FileTooLargeError(NxdiGptossFp8Error):
         self.size = size
         self.limit = limit
         self.grew = grew
+
+
+class HubAccessError(NxdiGptossFp8Error):
+    """A Hub repo that cannot be read (unreachable, refused, not found, rate-limited, offline):
+    one line saying what failed and what to do; nothing was judged and nothing written."""
 
 
 class MissingDependencyError(NxdiGptossFp8Error):

@@ -335,5 +335,109 @@ def recorded_revision(checkpoint: str | os.PathLike[str], repo_id: str) -> str |
 
 
 __all__ = ["COMPANION_FILES", "NEVER_FETCHED", "FetchPlan", "ResolvedSource", "companion_files", "explain_hub_error",
-           "fetch_planned", "hub_file_sizes", "is_repo_id", "listed_shards", "plan_fetch", "recorded_revision",
-           "resolve_source"]
+           "explain_read_error", "fetch_planned", "hub_checkpoint", "hub_file_sizes", "is_repo_id", "listed_shards",
+           "plan_fetch", "recorded_revision", "resolve_source", "split_revision"]
+
+
+# --------------------------------------------------------------------------- a checkpoint judged on the Hub
+
+_REPO_AT = re.compile(r"^(?P<repo>[^@\s]+)@(?P<revision>[^@\s]+)$")
+
+
+def split_revision(spec: str, revision: str | None) -> tuple[str, str | None]:
+    """``REPO_ID@REVISION`` split in two (``--revision`` may not name another one); other text as it is."""
+    match = _REPO_AT.match(spec)
+    if match is None or not is_repo_id(match["repo"]):
+        return spec, revision
+    if revision is not None and revision != match["revision"]:
+        raise ConversionError(f"{spec} names revision {match['revision']} and --revision names {revision}: give one")
+    return match["repo"], match["revision"]
+
+
+def explain_read_error(exc: BaseException, repo_id: str, revision: str | None) -> str:
+    """``explain_hub_error``, plus what reading a repo without downloading it meets: a timeout,
+    rate limiting (429, with the retry time), a file missing at the commit, and huggingface_hub
+    2.x's transport errors (httpx's, not ``OSError``)."""
+    name = type(exc).__name__
+    status = _status(exc)
+    if status == 429:
+        response = getattr(exc, "response", None)
+        headers = getattr(response, "headers", None) or {}
+        retry = headers.get("Retry-After") or headers.get("RateLimit-Reset")
+        when = f"retry after {retry} s" if retry else "retry later"
+        return f"the Hub is rate-limiting this client (HTTP 429): {when}; a token (HF_TOKEN) gets a higher limit"
+    if isinstance(exc, TimeoutError) or "Timeout" in name:
+        return f"the Hub did not answer in time ({name}): check the network and proxy (HTTPS_PROXY), then retry"
+    if "EntryNotFound" in name or (status == 404 and "RepositoryNotFound" not in name and "RevisionNotFound" not in name):
+        return f"a file is not in {repo_id} at revision {revision or 'main'} (HTTP 404): check the repo id and revision"
+    if name in ("ConnectError", "NetworkError", "ProxyError", "RemoteProtocolError", "ReadError", "WriteError"):
+        return f"the Hub could not be reached ({name}): check the network, proxy (HTTPS_PROXY) and certificates"
+    return explain_hub_error(exc, repo_id, revision)
+
+
+def hub_checkpoint(repo_id: str, revision: str | None = None, *, timeout: float | None = None) -> Any:
+    """A ``CheckpointReader`` of the Hub repo ``repo_id`` at ``revision`` (default ``main``), for
+    the preflight: the revision resolved to its commit once, the file listing of that commit read,
+    no weight downloaded (``safeio.hub_reader.HubReader``). With ``HF_HUB_OFFLINE`` set, the local
+    Hub cache's snapshot of that revision when it holds every shard (a ``LocalReader``).
+
+    Raises ``HubAccessError`` (one line) when the repo cannot be read, ``MissingDependencyError``
+    without huggingface_hub."""
+    from .deps import missing
+    from .errors import HubAccessError
+    from .safeio.hub_reader import HUB_TIMEOUT_S, HubEntry, HubReader, bounded_call, hub_errors
+
+    try:
+        from huggingface_hub import HfApi, constants
+    except ImportError:
+        raise missing("huggingface_hub", "reading a Hub repo id (pip install 'nxdi-gptoss-fp8[hub]')") from None
+    limit = HUB_TIMEOUT_S if timeout is None else timeout
+    if _offline_setting() is not None:
+        return _cached_checkpoint(repo_id, revision)
+    api = HfApi(endpoint=constants.ENDPOINT)
+    asked = revision or "main"
+
+    def explain(exc: BaseException) -> str:
+        return explain_read_error(exc, repo_id, revision)
+
+    try:
+        commit = bounded_call(lambda: api.model_info(repo_id, revision=asked, timeout=limit).sha, limit,
+                              "the revision look-up")
+        if not isinstance(commit, str) or not _COMMIT.match(commit):
+            raise HubAccessError(f"cannot read {repo_id}@{asked} from the Hub: it named no commit for the revision")
+        tree = bounded_call(lambda: list(api.list_repo_tree(repo_id, revision=commit, recursive=True)), limit,
+                            "the file listing")
+    except hub_errors() as exc:
+        raise HubAccessError(f"cannot read {repo_id}@{asked} from the Hub: {explain(exc)}") from None
+    entries = [HubEntry(item.path, int(getattr(item, "size", 0) or 0), not hasattr(item, "size")) for item in tree]
+    return HubReader(repo_id, commit, entries, endpoint=constants.ENDPOINT, explain=explain, revision=revision,
+                     timeout=limit)
+
+
+def _cached_checkpoint(repo_id: str, revision: str | None) -> Any:
+    """The local Hub cache's snapshot of ``repo_id`` at ``revision`` when downloads are off, as a
+    ``LocalReader`` (its files are links into the repo's ``blobs/``); ``HubAccessError`` when the
+    cache does not hold that revision or lacks a shard its index lists."""
+    from .errors import HubAccessError
+    from .safeio.reader import LocalReader
+
+    asked = revision or "main"
+    off = f"downloads are off (HF_HUB_OFFLINE={_offline_setting()})"
+    try:
+        snapshot = _snapshot_download()(repo_id=repo_id, revision=revision, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise HubAccessError(f"cannot read {repo_id}@{asked}: {explain_hub_error(exc, repo_id, revision)}") from None
+    except ConversionError as exc:
+        raise HubAccessError(str(exc)) from None
+    snapshot = os.fspath(snapshot)
+    try:
+        shards = listed_shards(snapshot)
+    except ConversionError:
+        shards = None  # the preflight's index findings say why
+    absent = [shard for shard in shards or [] if not os.path.exists(os.path.join(snapshot, shard))]
+    if absent or not os.path.exists(os.path.join(snapshot, fmt.CONFIG_FILE)):
+        what = f"{len(absent)} of its {len(shards or [])} shards ({absent[0]}, …)" if absent else fmt.CONFIG_FILE
+        raise HubAccessError(f"cannot read {repo_id}@{asked}: {off} and the local Hub cache lacks {what} of it: "
+                             "unset HF_HUB_OFFLINE to judge it on the Hub")
+    storage = os.path.dirname(os.path.dirname(os.path.normpath(snapshot)))
+    return LocalReader(snapshot, links_into=os.path.join(storage, "blobs"))

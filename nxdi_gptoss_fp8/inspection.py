@@ -13,6 +13,7 @@ from typing import Any
 from . import format as fmt
 from . import recognize as rz
 from .padding import TARGETS
+from .safeio.reader import CheckpointReader
 from .units import format_bytes, printable
 from .validate.findings import PreflightReport
 from .validate.pipeline import preflight
@@ -60,11 +61,14 @@ class Companion:
         return self.need.startswith("required")
 
 
-def companion_groups(root: str | os.PathLike[str]) -> list[Companion]:
+def companion_groups(root: str | os.PathLike[str] | CheckpointReader) -> list[Companion]:
     """Which tokenizer, chat-template, generation-config and card files ``root`` holds (regular
-    files only), by group, for the ``inspect`` summary (``hub.companion_files`` is the name → path
-    map of what a conversion copies)."""
-    directory = os.fspath(root)
+    files only; a remote reader's by its listing), by group, for the ``inspect`` summary
+    (``hub.companion_files`` is the name → path map of what a conversion copies)."""
+    if isinstance(root, CheckpointReader) and not root.local:
+        listed = set(root.listing())
+        return [Companion(what, [name for name in names if name in listed], need) for what, names, need in COMPANIONS]
+    directory = os.fspath(root.root if isinstance(root, CheckpointReader) else root)
 
     def regular(name: str) -> bool:
         try:
@@ -165,7 +169,8 @@ def _human(size: int) -> str:
     return format_bytes(size)  # decimal, as everywhere in the CLI
 
 
-def inspect_checkpoint(path: str | os.PathLike[str], *, allow_custom_model: bool = False) -> CheckpointSummary:
+def inspect_checkpoint(path: str | os.PathLike[str] | CheckpointReader, *,
+                       allow_custom_model: bool = False) -> CheckpointSummary:
     """Summarize ``path`` from one preflight run; works on invalid checkpoints too.
 
     ``allow_custom_model`` is the same opt-in as ``preflight``'s (so the verdict is ``validate``'s).
@@ -265,12 +270,18 @@ def _presharded_lines(path: str, presharded: dict[str, Any]) -> list[str]:
     ]
 
 
-def inspect_directory(path: str | os.PathLike[str], *, allow_custom_model: bool = False) -> Inspection:
+def inspect_directory(path: str | os.PathLike[str] | CheckpointReader, *, allow_custom_model: bool = False) -> Inspection:
     """Recognize ``path``; for a normalized checkpoint also run the preflight and summarize it.
 
     Neither step blocks: both refuse a FIFO, socket, device or directory where config, index or
-    a listed shard should be before opening it (the preflight reports it as a finding).
+    a listed shard should be before opening it (the preflight reports it as a finding). A remote
+    reader (a Hub repo) is summarized from the preflight alone (recognizing other kinds of
+    checkpoint reads a directory on this machine).
     """
+    if isinstance(path, CheckpointReader) and not path.local:
+        return _inspect_remote(path, allow_custom_model=allow_custom_model)
+    if isinstance(path, CheckpointReader):
+        path = path.root
     recognition = rz.recognize(path)
     inspection = Inspection(recognition)
     if recognition.kind == rz.NORMALIZED:
@@ -283,6 +294,26 @@ def inspect_directory(path: str | os.PathLike[str], *, allow_custom_model: bool 
         inspection.presharded = describe_presharded(os.fspath(path))
         inspection.compiled = compiled_verdict_summary(os.fspath(path))
     return inspection
+
+
+def _inspect_remote(reader: CheckpointReader, *, allow_custom_model: bool) -> Inspection:
+    """A remote checkpoint's summary, recognized as normalized by its index's ``format`` (else unknown)."""
+    summary = inspect_checkpoint(reader, allow_custom_model=allow_custom_model)
+    view = summary.report.view
+    metadata = view.metadata if view is not None else {}
+    normalized = metadata.get("format") == fmt.FORMAT_NAME
+    recognition = rz.Recognition(path=reader.root, kind=rz.NORMALIZED if normalized else rz.UNKNOWN)
+    if normalized:
+        version = metadata.get("format_version")
+        recognition.format_version = version if type(version) is int else None
+        recognition.checkpoint_format = rz.CHECKPOINT_FORMATS[rz.NORMALIZED]
+        recognition.evidence.append(f"{fmt.INDEX_FILE}: metadata.format = {fmt.FORMAT_NAME!r}, format_version = {version!r}")
+        recognition.actions.append(f"download it, then CHECKPOINT_FORMAT=normalized_fp8 loads it "
+                                   f"(`{validate_command(reader.root, summary.report.profile)}` checked it here)")
+        return Inspection(recognition, summary)
+    recognition.looked_for = list(rz.LOOKED_FOR[:1])
+    recognition.notes.append("read over the Hub: only a normalized FP8 checkpoint is recognized without a download")
+    return Inspection(recognition)
 
 
 def compiled_verdict_summary(path: str) -> dict[str, Any]:

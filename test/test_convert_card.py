@@ -272,6 +272,19 @@ def converted(source: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[A
 # --------------------------------------------------------------------------- the card's own commands
 
 
+def _run_on_local_hub(argv: list[str], repo_id: str, root: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """``cli.main(argv)`` with ``root`` published as ``repo_id`` on a Hub protocol server on 127.0.0.1."""
+    from hub_server import endpoint_settings, serve_directory
+    from huggingface_hub import constants
+
+    with serve_directory(root, repo_id, "d" * 40) as hub, monkeypatch.context() as patch:
+        for target, name, value in endpoint_settings(hub.endpoint):
+            patch.setattr(target, name, value)
+        patch.setenv("HF_ENDPOINT", hub.endpoint)
+        patch.setattr(constants, "HF_HUB_OFFLINE", False)
+        return cli.main(argv)
+
+
 @pytest.mark.parametrize("kind", [SOURCE_MXFP4, SOURCE_BF16])
 def test_the_cards_commands_pass_when_run(tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -292,6 +305,8 @@ def test_the_cards_commands_pass_when_run(tmp_path: Path, kind: str, capsys: pyt
     monkeypatch.chdir(out)
     for command in commands:
         argv = [str(src) if word == "SRC" else word for word in shlex.split(command)[1:]]
-        code = cli.main(argv)
+        published = next((word for word in argv if word.startswith("YOUR-ORG/")), None)
+        # the check of the uploaded repo: this directory, on a local Hub
+        code = _run_on_local_hub(argv, published, out, monkeypatch) if published is not None else cli.main(argv)
         captured = capsys.readouterr()
         assert code == cli.EXIT_OK, (command, captured.out[-400:], captured.err[-400:])

@@ -44,8 +44,9 @@ def test_the_readme_is_a_front_door() -> None:
     """At most 150 lines, the job in order, every docs page in its table."""
     assert len(README.splitlines()) <= 150
     job = documents.section("README.md", "The job, in order")
-    steps = ("inspect", "convert gpt-oss-120b gpt-oss-120b-fp8 --dry-run", "convert gpt-oss-120b gpt-oss-120b-fp8`",
-             "verify-conversion", "validate", "doctor -- vllm serve", "Serve")
+    steps = ("validate ORG/REPO", "inspect", "convert gpt-oss-120b gpt-oss-120b-fp8 --dry-run",
+             "convert gpt-oss-120b gpt-oss-120b-fp8`", "verify-conversion", "validate gpt-oss-120b-fp8",
+             "doctor -- vllm serve", "Serve")
     positions = [job.index(step) for step in steps]
     assert positions == sorted(positions)
     table = documents.section("README.md", "Documentation")

@@ -553,7 +553,7 @@ def test_the_scale_chunk_size_does_not_change_the_findings(tiny_checkpoint: Path
 
 def test_each_shard_is_opened_once_and_one_buffer_reads_every_scale(tiny_checkpoint: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from nxdi_gptoss_fp8.validate import scales as checks
+    from nxdi_gptoss_fp8.safeio import reader as checks
 
     opened: list[str] = []
     buffers: set[int] = set()
@@ -592,7 +592,7 @@ def test_a_shard_failing_while_its_scales_are_read_is_one_finding_per_scale(
     import errno
     import io
 
-    from nxdi_gptoss_fp8.validate import scales as checks
+    from nxdi_gptoss_fp8.safeio import reader as checks
 
     broken = shard_of(tiny_checkpoint, GATE_UP_SCALE)
     assert shard_of(tiny_checkpoint, DOWN_SCALE) != broken

@@ -20,7 +20,7 @@ from typing import Any
 from .. import format as fmt
 from .._version import __version__
 from ..deps import OPTIONAL, missing
-from ..errors import ConfigError, MissingDependencyError, NxdiGptossFp8Error
+from ..errors import ConfigError, HubAccessError, MissingDependencyError, NxdiGptossFp8Error
 from ..units import printable
 from ..validate.nxdi_config import switch_from_env
 from ._errors import NOTHING_WRITTEN, UsageError, interrupt_signals, interrupted_message, report_failure
@@ -127,6 +127,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "nxdi-gptoss-fp8") -> in
         if debug or (exc.name or "").split(".")[0] not in OPTIONAL:
             raise
         return fail("missing_dependency", str(missing(exc.name or "")), EXIT_USAGE, exc)
+    except HubAccessError as exc:  # the Hub could not be read: nothing was judged
+        if debug:
+            raise
+        return fail("hub", str(exc), EXIT_USAGE, exc)
     except NxdiGptossFp8Error as exc:
         if debug:
             raise

@@ -11,7 +11,8 @@ all of them::
 ``kind`` is one of ``ERROR_KINDS``: ``usage`` (the command line, argparse's errors included),
 ``missing_dependency`` (an optional package or NxDI), ``config`` (a setting), ``refused`` (the
 checkpoint), ``io`` (a read or a write the disk or filesystem refused: full, read-only, an I/O
-error), ``interrupted``. ``message`` is the stderr line without its ``nxdi-gptoss-fp8 COMMAND:``
+error), ``hub`` (a Hub repo that could not be read: unreachable, refused, not found, rate-limited,
+offline), ``interrupted``. ``message`` is the stderr line without its ``nxdi-gptoss-fp8 COMMAND:``
 prefix, both escaped alike (``printable``: a line break or a non-UTF-8 byte in a path never
 splits or garbles the one line). A command's own result with ``ok`` false (findings, a failed
 verification) is not a failure: it is printed as that command's report.
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-ERROR_KINDS = ("usage", "missing_dependency", "config", "refused", "io", "interrupted")
+ERROR_KINDS = ("usage", "missing_dependency", "config", "refused", "io", "hub", "interrupted")
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 PROG = "nxdi-gptoss-fp8"
 NOTHING_WRITTEN = "nothing was written"  # what an interrupted read-only command leaves

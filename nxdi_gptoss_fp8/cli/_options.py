@@ -107,6 +107,43 @@ def _resolve(spec: str, revision: str | None, *, recorded_in: str | None = None,
     return resolved
 
 
+def _hub_spec(spec: str) -> bool:
+    """Whether ``spec`` names a Hub repo (``REPO_ID`` or ``REPO_ID@REVISION``) rather than a local path:
+    no such path here, and the shape of a repo id."""
+    from ..hub import is_repo_id
+
+    return not os.path.lexists(spec) and is_repo_id(spec.rsplit("@", 1)[0] if "@" in spec else spec)
+
+
+def _checkpoint_source(spec: str, revision: str | None, command: str) -> Any:
+    """The checkpoint ``command`` judges: a local path as it is (a directory wins over a Hub repo id
+    of the same name, as in ``convert``), or a Hub repo id (``REPO_ID``, ``REPO_ID@REVISION``)
+    read without downloading its weights (``hub.hub_checkpoint``: a ``CheckpointReader``). Says on
+    stderr which was used when the name could be either."""
+    from ..errors import ConversionError
+    from ..hub import is_repo_id, split_revision
+
+    if not _hub_spec(spec):
+        if revision is not None:
+            raise UsageError(f"--revision applies to a Hub repo id, but {spec} is a local path")
+        if is_repo_id(spec):
+            print(f"{command} {spec}: the local directory (a Hub repo of that name is not read)", file=sys.stderr)
+        return spec
+    try:
+        repo_id, asked = split_revision(spec, revision)
+    except ConversionError as exc:
+        raise UsageError(str(exc)) from None
+    from ..hub import hub_checkpoint
+
+    reader = hub_checkpoint(repo_id, asked)
+    if getattr(reader, "local", True):
+        print(f"{command} {spec}: the local Hub cache's snapshot {reader.root} (HF_HUB_OFFLINE is set)", file=sys.stderr)
+    else:
+        print(f"{command} {spec}: Hub repo {repo_id}, revision {asked or 'main'} -> commit {reader.commit} "
+              "(no local path of that name; no weights downloaded)", file=sys.stderr)
+    return reader
+
+
 def _workers(value: int | None) -> int | None:
     """``--workers`` checked (a usage error, exit 2, outside 1…MAX_WORKERS)."""
     from ..convert.workers import check_workers

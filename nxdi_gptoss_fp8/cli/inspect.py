@@ -8,7 +8,7 @@ from typing import Any
 from .. import format as fmt
 from ._errors import UsageError
 from ._help import Example
-from ._options import _allow_custom
+from ._options import _allow_custom, _checkpoint_source
 from ._output import EXIT_FINDINGS, EXIT_OK, print_result
 
 __all__ = ["INSPECT_EXAMPLES", "add_inspect_command"]
@@ -19,6 +19,8 @@ INSPECT_EXAMPLES = (
             "nxdi-gptoss-fp8 inspect /data/models/gpt-oss-120b"),
     Example("a normalized checkpoint's shards, bytes by dtype, padding and verdict, as JSON",
             "nxdi-gptoss-fp8 inspect /data/models/gpt-oss-120b-fp8 --json"),
+    Example("a normalized checkpoint on the Hugging Face Hub, before downloading it",
+            "nxdi-gptoss-fp8 inspect my-org/gpt-oss-120b-fp8"),
     Example("a compiled NxDI model directory: its pre-sharded weights' manifest and verdict",
             "nxdi-gptoss-fp8 inspect /data/neuron-compiled/gpt-oss-120b-fp8-tp64"),
 )
@@ -28,7 +30,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from ..inspection import inspect_directory
     from ..recognize import NOT_A_DIRECTORY
 
-    inspection = inspect_directory(args.path, allow_custom_model=_allow_custom(args))
+    target = _checkpoint_source(args.path, args.revision, "inspect")
+    inspection = inspect_directory(target, allow_custom_model=_allow_custom(args))
     if inspection.recognition.kind == NOT_A_DIRECTORY:  # a usage error, in text and JSON alike
         raise UsageError("; ".join(inspection.recognition.evidence))
     return print_result(inspection, args.json, exit_code=EXIT_OK if inspection.succeeded else EXIT_FINDINGS)
@@ -48,7 +51,11 @@ def add_inspect_command(commands: Any) -> None:
                     "validate), 1 invalid or unrecognized, 2 not a directory.",
         examples=INSPECT_EXAMPLES,
     )
-    inspect.add_argument("path", metavar="DIR", help="any directory")
+    inspect.add_argument("path", metavar="DIR", help="any directory, or a Hub repo id (REPO_ID or REPO_ID@REVISION: "
+                                                     "a normalized checkpoint on the Hub, summarized without "
+                                                     "downloading its weights; a local directory of that name wins)")
+    inspect.add_argument("--revision", metavar="REV",
+                         help="a Hub repo id only: the branch, tag or commit to inspect (default main)")
     inspect.add_argument("--json", action="store_true", help="print the recognition and summary as JSON")
     inspect.add_argument("--allow-custom-model", action="store_true",
                          help=f"accept model_profile 'custom' as validate does; also {fmt.ALLOW_CUSTOM_ENV}=1")

@@ -11,7 +11,7 @@ from ..units import printable
 from ..validate.verdict import checkpoint_verdict
 from ._errors import UsageError
 from ._help import Example
-from ._options import _allow_custom, _checkpoint_dir, _load_neuron_config, _needs
+from ._options import _allow_custom, _checkpoint_dir, _checkpoint_source, _hub_spec, _load_neuron_config, _needs
 from ._output import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, print_result
 
 __all__ = ["MAX_RANK", "TEXT_FINDINGS_LIMIT", "VALIDATE_EXAMPLES", "add_validate_command"]
@@ -29,18 +29,30 @@ VALIDATE_EXAMPLES = (
             "nxdi-gptoss-fp8 validate /data/models/gpt-oss-120b-fp8 --json"),
     Example("a compiled NxDI model: the pre-sharded weights of the ranks this host loads",
             "nxdi-gptoss-fp8 validate /data/neuron-compiled/gpt-oss-120b-fp8-tp64 --ranks 0-31"),
+    Example("a checkpoint on the Hugging Face Hub, before downloading it (config, index, headers and scales over "
+            "HTTP ranges; --verify-checksums compares the index's digests with the Hub's LFS records)",
+            "nxdi-gptoss-fp8 validate my-org/gpt-oss-120b-fp8 --verify-checksums"),
     Example("a tiny custom-profile checkpoint written by make-tiny",
             "nxdi-gptoss-fp8 validate tiny-fp8 --allow-custom-model"),
 )
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    _checkpoint_dir(args.path)
-    from ..recognize import compiled_model_dir
+    if _hub_spec(args.path):
+        if args.deep:
+            raise UsageError(f"--deep reads every weight byte, which a Hub repo does not give without a download: "
+                             f"download {args.path} (hf download REPO_ID --local-dir DIR), then validate DIR --deep")
+        if args.ranks is not None:
+            raise UsageError(f"--ranks applies to a compiled NxDI model directory's pre-sharded weights; {args.path} "
+                             "is a Hub repo id")
+    target = _checkpoint_source(args.path, args.revision, "validate")
+    if isinstance(target, str):
+        _checkpoint_dir(args.path)
+        from ..recognize import compiled_model_dir
 
-    compiled = compiled_model_dir(args.path)
-    if compiled is not None:
-        return _validate_compiled(args, compiled)
+        compiled = compiled_model_dir(args.path)
+        if compiled is not None:
+            return _validate_compiled(args, compiled)
     if args.ranks is not None:
         raise UsageError(f"--ranks applies to a compiled NxDI model directory's pre-sharded weights; {args.path} is not one")
     if args.deep:
@@ -50,7 +62,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     # without their compiled directory: the report's hint, inspect's one-line verdict and action,
     # first (the one verdict doctor gives for a vllm serve command too)
     verdict = checkpoint_verdict(
-        args.path,
+        target,
         neuron_config=neuron_config,
         allow_custom_model=_allow_custom(args),
         read_scales=not args.headers_only,
@@ -76,12 +88,17 @@ def add_validate_command(commands: Any) -> None:
         ),
         examples=VALIDATE_EXAMPLES,
     )
-    validate.add_argument("path", metavar="DIR", help="the checkpoint directory (holds model.safetensors.index.json), or a compiled "
+    validate.add_argument("path", metavar="DIR", help="the checkpoint directory (holds model.safetensors.index.json), a "
+                                       "Hub repo id (REPO_ID or REPO_ID@REVISION: judged over HTTP without downloading "
+                                       "its weights; a local directory of that name wins), or a compiled "
                                        "NxDI model directory: its pre-sharded weights/ are checked against their "
                                        "manifest, its neuron_config.json (NxDI's own file, Infinity included), the "
                                        "checkpoint that config names (its fingerprint must be the one the shards "
                                        "were written from) and, when present, the source checkpoint")
     validate.add_argument("--json", action="store_true", help="print the report as JSON (ok, summary, findings)")
+    validate.add_argument("--revision", metavar="REV",
+                          help="a Hub repo id only: the branch, tag or commit to judge (default main); resolved to "
+                               "its commit once, and every read is pinned to it")
     validate.add_argument("--all", action="store_true",
                           help=f"list every finding, one line each (text output otherwise summarizes repeated "
                                f"findings and shows at most {TEXT_FINDINGS_LIMIT} lines)")
@@ -100,11 +117,12 @@ def add_validate_command(commands: Any) -> None:
     reads.add_argument("--deep", action="store_true",
                        help="also read every FP8 expert byte once: values beyond ±240 or NaN, non-zero "
                             "padding, all-zero experts; and every BF16 tensor for ±inf and NaN (reads the whole "
-                            "checkpoint; progress on a terminal)")
+                            "checkpoint; progress on a terminal; not on a Hub repo id: download it first)")
     validate.add_argument("--verify-checksums", action="store_true",
                           help="hash every shard (in parallel) against the index's shard_sha256; "
-                               "a checkpoint without digests then fails (a compiled directory: every rank file "
-                               "against its manifest)")
+                               "a checkpoint without digests then fails (a Hub repo id: the digests against the "
+                               "Hub's LFS SHA-256 records, no shard byte read; a compiled directory: every rank "
+                               "file against its manifest)")
     validate.add_argument("--ranks", type=_rank_list, metavar="RANKS",
                           help="a compiled directory only: check only these ranks' pre-sharded weights (e.g. 0-31, or "
                                "0,2,4-7) — what a host of a multi-host deployment holds and loads (its start_rank_id … "

@@ -204,6 +204,7 @@ def render_card(report: ConversionReport, source: Source, layout: fmt.Layout, pr
     verify = f"nxdi-gptoss-fp8 verify-conversion . --source {verify_source}" + (f" --revision {revision}" if revision else "")
     custom = report.profile == fmt.PROFILE_CUSTOM  # the card's own commands carry the opt-in it needs
     validate = "nxdi-gptoss-fp8 validate . --neuron-config ../neuron_config.json" + (" --allow-custom-model" if custom else "")
+    validate_hub = f"nxdi-gptoss-fp8 validate YOUR-ORG/{name} --verify-checksums" + (" --allow-custom-model" if custom else "")
     companions_text = ", ".join(f"`{c}`" for c in companions) if companions else "none (add the source's tokenizer before serving)"
     body = f"""
 # {name}: normalized static FP8 for AWS NeuronX Distributed Inference
@@ -254,13 +255,16 @@ it, and Harmony's `o200k_base.tiktoken` in `TIKTOKEN_ENCODINGS_BASE`
 ```bash
 {validate}   # headers and scales, seconds, any host
 {verify}   # value by value against the source
+{validate_hub}   # once uploaded, before downloading it
 ```
 
 {_CUSTOM_NOTE if custom else ""}`validate` runs the same preflight the loader runs, with the settings above saved as
 `neuron_config.json` outside this directory (inside, it would look like a compiled NxDI model);
 `verify-conversion` re-reads this directory and its source one expert at a
 time (every non-expert tensor bit-exact, every FP8 value exact where E4M3 allows and within half
-an E4M3 step otherwise).
+an E4M3 step otherwise). On the Hub, `validate REPO_ID` gives the same verdict without downloading the
+weights: it reads the config, the index, each shard's header and the expert scales over HTTP ranges
+(about 0.13 % of the bytes) and compares the index's digests with the Hub's LFS records.
 
 ## Upload it
 

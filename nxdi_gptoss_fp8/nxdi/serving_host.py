@@ -193,15 +193,34 @@ def _model(command: VllmCommand, findings: list[HostFinding]) -> str | None:
     return None
 
 
-def _model_config(model: str | None) -> dict[str, Any] | None:
-    """The model's ``config.json`` (what vLLM and NxDI read the model from), or None."""
+def _hub_model(command: VllmCommand, findings: list[HostFinding]) -> Any:
+    """The Hub repo vLLM would download for MODEL, read without downloading its weights
+    (``hub.hub_checkpoint``, at vLLM's ``--revision``), or None when MODEL is no repo id (or,
+    with a warning saying why, when the Hub cannot be read)."""
+    model, revision = command.model, command.options.get("--revision")
+    if model is None or not _encodable(model) or os.path.lexists(model) or not is_repo_id(model):
+        return None
+    from ..errors import HubAccessError, MissingDependencyError
+    from ..hub import hub_checkpoint
+
+    try:
+        return hub_checkpoint(model, revision if isinstance(revision, str) else None)
+    except (HubAccessError, MissingDependencyError) as exc:
+        _finding(findings, "hub_unreadable", "MODEL", f"its checkpoint was not judged: {exc}", warning=True)
+        return None
+
+
+def _model_config(model: Any) -> dict[str, Any] | None:
+    """The model's ``config.json`` (what vLLM and NxDI read the model from), or None; ``model``
+    a directory or a Hub repo's ``CheckpointReader``."""
     if model is None:
         return None
     from .. import format as fmt
     from ..safeio.json_file import JsonFileError, read_json_file
 
     try:
-        document = read_json_file(os.path.join(model, fmt.CONFIG_FILE), what=fmt.CONFIG_FILE)
+        document = (read_json_file(os.path.join(model, fmt.CONFIG_FILE), what=fmt.CONFIG_FILE) if isinstance(model, str)
+                    else model.read_json(fmt.CONFIG_FILE, what=fmt.CONFIG_FILE))
     except JsonFileError:
         return None  # the checkpoint's findings say why
     return document if isinstance(document, dict) else None
@@ -265,7 +284,7 @@ def _checkpoint_format(environ: Mapping[str, str], config: Any, findings: list[H
                  f"with its own converters, not as a normalized FP8 checkpoint; export {ENV_FORMAT}=normalized_fp8")
 
 
-def _checkpoint(model: str, config: Any, model_config: dict[str, Any] | None, environ: Mapping[str, str],
+def _checkpoint(model: Any, config: Any, model_config: dict[str, Any] | None, environ: Mapping[str, str],
                 findings: list[HostFinding]) -> int:
     """The checkpoint the load reads (``quantized_checkpoints_path`` when quantized, as NxDI's
     ``checkpoint_loader_fn``), judged by ``checkpoint_verdict`` with ``config``: the preflight the
@@ -283,7 +302,7 @@ def _checkpoint(model: str, config: Any, model_config: dict[str, Any] | None, en
     nc = neuron_config_view(config)
     named = config_attr(nc, "quantized_checkpoints_path") if config_attr(nc, "quantized", False) else None
     path, setting, inference = model, "MODEL", None
-    if isinstance(named, str) and named:  # anything else: the preflight's neuron_config finding
+    if isinstance(named, str) and named and isinstance(model, str):  # else: the preflight's neuron_config finding
         if not _encodable(named):
             _finding(findings, "model_not_found", "quantized_checkpoints_path", f"{named[:80]!r} cannot name a file "
                      "here: set quantized_checkpoints_path to the checkpoint directory")
@@ -355,13 +374,14 @@ def lint_serving_host(command: Sequence[str] = (), environ: Mapping[str, str] | 
     env = {**env, **vllm.environment}  # `CHECKPOINT_FORMAT=normalized_fp8 vllm serve ...`
     override = _command_findings(vllm, findings)
     model = _model(vllm, findings)
-    model_config = _model_config(model)
+    source = model if model is not None else _hub_model(vllm, findings)  # a Hub repo id: judged on the Hub, as validate does
+    model_config = _model_config(source)
     settings, problems = settings_from_command(vllm, model_config)
     for problem in problems:
         _finding(findings, problem.code, problem.setting, problem.message)
     precompiled = _compiled_artifacts(env, model, findings)
     config = precompiled if precompiled is not None else vllm_neuron_config(settings, override)
     _checkpoint_format(env, config, findings)
-    omitted = _checkpoint(model, config, model_config, env, findings) if model is not None else 0
+    omitted = _checkpoint(source, config, model_config, env, findings) if source is not None else 0
     _vocabulary(env, findings)
     return HostReport(words, vllm.model, findings, omitted)

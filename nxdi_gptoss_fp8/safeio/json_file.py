@@ -19,7 +19,7 @@ from ..errors import FileTooLargeError, NotRegularFileError, NxdiGptossFp8Error
 from .files import FileIdentity, read_bounded
 from .strict_json import JsonError, parse_json_strict
 
-__all__ = ["MAX_JSON_FILE_BYTES", "JsonFileError", "read_json_file"]
+__all__ = ["MAX_JSON_FILE_BYTES", "JsonFileError", "parse_json_bytes", "read_json_file"]
 
 MAX_JSON_FILE_BYTES = 64 * 1024 * 1024
 
@@ -78,7 +78,12 @@ def read_json_file(path: str | os.PathLike[str], *, what: str, max_bytes: int | 
     checkpoint's own JSON. Raises ``JsonFileError``.
     """
     limit = MAX_JSON_FILE_BYTES if max_bytes is None else max_bytes
-    raw = _read(path, limit, on_read)
+    return parse_json_bytes(_read(path, limit, on_read), what=what, nxdi_constants=nxdi_constants)
+
+
+def parse_json_bytes(raw: bytes, *, what: str, nxdi_constants: bool = False) -> Any:
+    """The strict JSON document in ``raw``, the bytes of a file read elsewhere (a Hub repo's
+    file read over HTTP): UTF-8, then ``parse_json_strict``, as ``read_json_file``. Raises ``JsonFileError``."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -4,7 +4,6 @@ and with NxDI's configs.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from .. import format as fmt
@@ -28,7 +27,7 @@ __all__ = ["bound_config", "check_neuron_config"]
 
 
 def _check_config(view: CheckpointView, report: PreflightReport) -> None:
-    if not os.path.exists(os.path.join(view.root, fmt.CONFIG_FILE)):
+    if not view.reader.exists(fmt.CONFIG_FILE):
         fix = nested_advice(view) or "copy the model's Hugging Face config into the checkpoint directory"
         report.add("config", "missing", f"{fmt.CONFIG_FILE} is missing: {fix}", file=fmt.CONFIG_FILE)
         return

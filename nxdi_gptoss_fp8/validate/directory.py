@@ -8,12 +8,11 @@ import functools
 import hashlib
 import os
 import re
-import stat
 from typing import Any
 
 from .. import format as fmt
 from ..safeio.files import FileIdentity
-from ..safeio.json_file import JsonFileError, read_json_file
+from ..safeio.json_file import JsonFileError
 from .findings import PreflightReport, Severity
 from .view import CheckpointView
 
@@ -30,33 +29,12 @@ NESTED_SEARCH_ENTRIES = 10_000
 
 
 def _check_directory(view: CheckpointView, report: PreflightReport) -> bool:
-    if "\x00" in view.root:  # no file name holds one (os functions raise ValueError)
-        report.add("filesystem", "missing_directory", f"{view.root!r} contains a NUL byte: no directory has that name",
-                   file=view.root)
-        return False
-    if not os.path.exists(view.root):
-        report.add("filesystem", "missing_directory", f"{view.root} does not exist", file=view.root)
-        return False
-    if not os.path.isdir(view.root):
-        report.add(
-            "filesystem", "not_a_directory",
-            f"{view.root} is a file; pass the checkpoint directory that holds {fmt.INDEX_FILE}",
-            file=view.root,
-        )
-        return False
-    if not os.access(view.root, os.R_OK | os.X_OK):
-        report.add("filesystem", "unreadable", f"{view.root} cannot be listed (permissions)", file=view.root)
+    problem = view.reader.root_problem()
+    if problem is not None:
+        code, message = problem
+        report.add("filesystem", code, message, file=view.root)
         return False
     return True
-
-
-def _link_outside(root: str, name: str) -> str | None:
-    """Where ``name`` in ``root`` leads when it is a link resolving outside ``root``, else None."""
-    path = os.path.join(root, name)
-    if not stat.S_ISLNK(os.lstat(path).st_mode):
-        return None
-    target = os.path.realpath(path)
-    return None if os.path.dirname(target) == os.path.realpath(root) else target
 
 
 def _json_file_finding(exc: JsonFileError, name: str, check: str) -> tuple[str, str, str]:
@@ -82,7 +60,7 @@ def _read_json_file(view: CheckpointView, report: PreflightReport, name: str, ch
     opened (``filesystem``); the size is checked on the opened file before it is read.
     """
     try:
-        target = _link_outside(view.root, name)
+        target = view.reader.link_outside(name)
     except OSError as exc:
         report.add("filesystem", "unreadable", f"cannot read {name}: {exc.strerror or exc}", file=name)
         return None
@@ -95,7 +73,7 @@ def _read_json_file(view: CheckpointView, report: PreflightReport, name: str, ch
         view.json_files[name] = (identity, hashlib.sha256(raw).hexdigest())
 
     try:
-        document = read_json_file(os.path.join(view.root, name), what=name, on_read=count_and_bind)
+        document = view.reader.read_json(name, what=name, on_read=count_and_bind)
     except JsonFileError as exc:
         report.add(*_json_file_finding(exc, name, check), file=name, key=exc.key)
         return None
@@ -135,7 +113,7 @@ def _check_stray_files(view: CheckpointView, report: PreflightReport) -> None:
     weight_map = view.index.get("weight_map")
     listed = {s for s in weight_map.values() if type(s) is str} if isinstance(weight_map, dict) else set()
     try:
-        entries = sorted(os.listdir(view.root))
+        entries = sorted(view.reader.listing())
     except OSError as exc:
         report.add("filesystem", "unreadable", f"cannot list {view.root}: {exc.strerror}", file=view.root)
         return
@@ -170,29 +148,12 @@ def _check_nested_weight_files(view: CheckpointView, report: PreflightReport) ->
     """
     found: dict[str, list[str]] = {}
     artifacts: list[str] = []
-    budget = NESTED_SEARCH_ENTRIES
-    level = [""]
-    for _ in range(NESTED_SEARCH_DEPTH + 1):
-        below: list[str] = []
-        for relative in level:
-            if budget < 0:
-                break
-            try:
-                with os.scandir(os.path.join(view.root, relative)) as entries:
-                    for entry in entries:
-                        budget -= 1
-                        if budget < 0:
-                            break
-                        name = os.path.join(relative, entry.name) if relative else entry.name
-                        if entry.is_dir(follow_symlinks=False):
-                            below.append(name)
-                            if entry.name == VLLM_ARTIFACTS_DIR:
-                                artifacts.append(name)
-                        elif relative and entry.name.lower().endswith(fmt.WEIGHT_FILE_SUFFIXES):
-                            found.setdefault(_nested_owner(name), []).append(name)
-            except OSError:
-                continue
-        level = below
+    for name, is_dir in view.reader.scan(NESTED_SEARCH_DEPTH, NESTED_SEARCH_ENTRIES):
+        if is_dir:
+            if os.path.basename(name) == VLLM_ARTIFACTS_DIR:
+                artifacts.append(name)
+        elif os.sep in name and name.lower().endswith(fmt.WEIGHT_FILE_SUFFIXES):
+            found.setdefault(_nested_owner(name), []).append(name)
     for directory in artifacts:
         if directory not in found and not any(owner.startswith(directory + os.sep) for owner in found):
             report.add("filesystem", "nested_weight_files", f"{directory}/ is the folder vLLM compiles into: "

@@ -24,6 +24,8 @@ def foreign_recognition(view: CheckpointView) -> Any:
     """What ``inspect`` says the directory is when it is another kind of checkpoint (HF,
     compressed-tensors, legacy: a ``recognize.Recognition``), else None. Asked once per view,
     and only for a directory that is not normalized: a valid checkpoint never pays for it."""
+    if not view.reader.local:
+        return None  # recognize reads a directory on this machine
     if view.recognition is None:
         from ..recognize import recognize
 
@@ -34,7 +36,8 @@ def foreign_recognition(view: CheckpointView) -> Any:
 def nested_advice(view: CheckpointView) -> str | None:
     """``DIR holds gpt-oss-120b-fp8/, a normalized FP8 checkpoint: nxdi-gptoss-fp8 validate …``
     when the directory is no checkpoint but holds one a level down (``recognize``), else None."""
-    foreign_recognition(view)
+    if foreign_recognition(view) is None and view.recognition is None:
+        return None
     return view.recognition.hint() if view.recognition.inside else None
 
 
@@ -46,6 +49,8 @@ def refused_recognition(view: CheckpointView) -> Any:
     from ..recognize import NORMALIZED
 
     foreign_recognition(view)  # recognizes the directory once, into view.recognition
+    if view.recognition is None:
+        return None
     recognition = view.recognition
     known = recognition is not None and ((recognition.known and recognition.kind != NORMALIZED) or recognition.inside)
     return recognition if known else None

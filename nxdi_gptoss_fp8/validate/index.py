@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
@@ -24,9 +23,9 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 def _check_index(view: CheckpointView, report: PreflightReport) -> None:
     name = fmt.INDEX_FILE
-    if not os.path.exists(os.path.join(view.root, name)):
+    if not view.reader.exists(name):
         hint = ""
-        if os.path.exists(os.path.join(view.root, "model.safetensors")):
+        if view.reader.exists("model.safetensors"):
             hint = " (a single-file model.safetensors was found: the format requires an index even for one shard)"
         report.add("filesystem", "missing_index", f"{name} is missing{hint}", file=name)
         return

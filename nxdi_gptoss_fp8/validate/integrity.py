@@ -91,6 +91,10 @@ def check_digests(
     }
     if not expected:
         return None
+    recorded = view.reader.recorded_sha256(sorted(expected))
+    if recorded is not None:
+        _compare_recorded(view, report, expected, recorded)
+        return None
     paths = {shard: view.headers[shard].path for shard in expected}
     threads = max(1, min(len(paths), workers or usable_cpus()))
     total = sum(view.headers[shard].identity.size for shard in paths)
@@ -125,3 +129,33 @@ def check_digests(
 def _hash_with_progress(paths: dict[str, str], total: int, threads: int) -> dict[str, str]:
     with Progress(total, "sha256") as progress:
         return hash_files(paths, workers=threads, progress=progress.update)
+
+
+def _compare_recorded(view: CheckpointView, report: PreflightReport, expected: dict[str, str],
+                      recorded: dict[str, str | None]) -> None:
+    """The index's digests against the SHA-256 the store records for each shard (a Hub repo's
+    LFS records): not a byte of a shard read."""
+    where = view.reader.root
+    for shard in sorted(expected):
+        actual = recorded.get(shard)
+        if actual is None:
+            report.add(
+                "integrity", "no_digests",
+                f"{where} records no SHA-256 for {shard} (not stored with Git LFS), so it cannot be checked "
+                "without reading it: download the checkpoint and validate the directory with --verify-checksums",
+                file=shard, key=f"metadata.{DIGESTS_KEY}",
+            )
+        elif actual != expected[shard]:
+            report.add(
+                "integrity", "digest_mismatch",
+                f"{shard} has SHA-256 {actual} on {where} (its LFS record), the index records {expected[shard]}: "
+                "the shard uploaded is not the one the index was written with; upload it again",
+                file=shard, key=f"metadata.{DIGESTS_KEY}",
+            )
+    matched = sum(recorded.get(shard) == expected[shard] for shard in expected)
+    report.add(
+        "integrity", "verified",
+        f"compared {plural(len(expected), 'shard')} with the SHA-256 {where} records (0 bytes read): "
+        f"{matched} of {len(expected)} match their digests",
+        file=fmt.INDEX_FILE, severity=Severity.INFO,
+    )

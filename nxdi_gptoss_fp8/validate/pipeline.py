@@ -1,7 +1,8 @@
-"""The preflight: every check family, in order, over one directory, into one report (docs/format.md).
+"""The preflight: every check family, in order, over one checkpoint, into one report (docs/format.md).
 
 Reads only ``config.json``, the index, each shard's header and the expert scale tensors (small);
-never a weight byte. Stdlib only, so it runs on any host. Data flows one way: files → parsed headers
+never a weight byte. It reads them through a ``safeio.reader.CheckpointReader``: a directory here,
+or a Hub repo at one commit (``safeio.hub_reader``), judged by the same checks. Stdlib only, so it runs on any host. Data flows one way: files → parsed headers
 → findings. The loader maps tensors only when the report is clean.
 """
 
@@ -11,10 +12,13 @@ import gc
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from .. import format as fmt
 from ..deps import missing
+from ..errors import HubAccessError
+from ..safeio.reader import CheckpointReader, LocalReader
 from .binding import seal
 from .config import (
     _check_config,
@@ -47,7 +51,7 @@ def allow_custom_from_env(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def preflight(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | CheckpointReader,
     *,
     neuron_config: Any = None,
     inference_config: Any = None,
@@ -59,7 +63,9 @@ def preflight(
     """Check the checkpoint directory ``path`` against the normalized-FP8 format (docs/format.md).
 
     Args:
-        path: the checkpoint directory (a str or ``os.PathLike``).
+        path: the checkpoint directory (a str or ``os.PathLike``), or a ``CheckpointReader``
+            of one elsewhere (``safeio.hub_reader.HubReader``: a Hub repo at one commit, read
+            over HTTP ranges; its findings name files ``REPO_ID@COMMIT:FILE``).
         neuron_config: NxDI's NeuronConfig, a mapping of its attributes (flat, or nested
             under ``"neuron_config"`` as NxDI saves it), or the path of such a JSON file (read
             as ``validate --neuron-config`` reads it); enables the ``neuron_config`` checks.
@@ -70,9 +76,10 @@ def preflight(
             a headers-only verdict and an info finding saying the values were not checked.
         deep: also read every FP8 expert byte once (``deep_scan``: values beyond ±240 or
             NaN, non-zero padding, all-zero experts); needs numpy (``MissingDependencyError``
-            without it).
+            without it) and a directory on this machine (``HubAccessError`` for a remote reader).
         verify_checksums: hash every shard against the index's ``shard_sha256``
-            (``integrity``); without digests that is an error (else only a warning).
+            (``integrity``); without digests that is an error (else only a warning). A Hub
+            repo's shards are not read: their LFS SHA-256 records are compared.
 
     Returns:
         A ``PreflightReport`` with every finding; ``report.ok`` is the verdict. Never raises
@@ -84,13 +91,16 @@ def preflight(
             report = preflight("/ckpt/gpt-oss-120b-fp8")
             report.raise_if_failed()
     """
-    path = _checked_path(path)
+    reader = path if isinstance(path, CheckpointReader) else LocalReader(_checked_path(path))
     neuron_config = _checked_config(neuron_config, "neuron_config")
     inference_config = _checked_config(inference_config, "inference_config")
     for name, flag in (("allow_custom_model", allow_custom_model), ("read_scales", read_scales), ("deep", deep),
                        ("verify_checksums", verify_checksums)):
         if not isinstance(flag, bool):
             raise TypeError(f"preflight({name}=...) takes True or False, not {type(flag).__name__} {describe(flag)}")
+    if deep and not reader.local:
+        raise HubAccessError(f"--deep reads every weight byte, which {reader.root} does not give without a download: "
+                             "download the repo (hf download REPO_ID --local-dir DIR), then validate DIR --deep")
     if deep:
         from . import deep_scan
 
@@ -102,7 +112,7 @@ def preflight(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        report = _run_checks(path, neuron_config=neuron_config, inference_config=inference_config,
+        report = _run_checks(reader, neuron_config=neuron_config, inference_config=inference_config,
                              allow_custom_model=allow_custom_model, read_scales=read_scales, deep=deep,
                              verify_checksums=verify_checksums)
     finally:
@@ -142,10 +152,11 @@ def _checked_config(config: Any, name: str) -> Any:
     return config
 
 
-def _run_checks(root: str, *, neuron_config: Any, inference_config: Any, allow_custom_model: bool,
+def _run_checks(reader: CheckpointReader, *, neuron_config: Any, inference_config: Any, allow_custom_model: bool,
                 read_scales: bool, deep: bool, verify_checksums: bool) -> PreflightReport:
+    root = reader.root
     report = PreflightReport(path=root)
-    view = CheckpointView(root=root)
+    view = CheckpointView(root=root, reader=reader)
     if _check_directory(view, report):
         _check_config(view, report)
         _check_index(view, report)
@@ -177,9 +188,11 @@ def _run_checks(root: str, *, neuron_config: Any, inference_config: Any, allow_c
     report.shards = len(view.headers)
     report.tensors = len(view.locations)
     report.checked = seal(
-        view, root=root if "\x00" in root else os.path.realpath(root), headers_only=not read_scales, errors=report.error_count,
+        view, root=root if "\x00" in root or not reader.local else os.path.realpath(root), headers_only=not read_scales, errors=report.error_count,
         allow_custom_model=allow_custom_model,
         deep=deep, verify_checksums=verify_checksums, config=bound_config(neuron_config, inference_config),
         json_files=view.json_files,
     )
+    if not reader.local:  # findings name REPO_ID@COMMIT:FILE
+        report.findings[:] = [replace(f, file=reader.label(f.file)) if f.file else f for f in report.findings]
     return report

@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 import struct
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .. import format as fmt
 from ..machine import cache_chunk_bytes
-from ..safeio.files import open_regular
+from ..safeio.reader import CheckpointReader
 from ..safeio.safetensors_header import TensorInfo
 from .findings import PreflightReport, Severity
 from .namespace import _BEGIN, _END
@@ -146,11 +148,11 @@ def _scales_trusted(view: CheckpointView, report: PreflightReport) -> bool:
     return True
 
 
-def _read_scale_stats(handle: Any, start: int, nbytes: int, buffer: bytearray, report: PreflightReport,
+def _read_scale_stats(handle: Any, start: int, nbytes: int, buffer: bytearray, counted: list[int],
                       numpy: Any = None) -> tuple[ScaleStats, bytes]:
     """Stats of the ``nbytes`` scale bytes at ``start`` of the open shard ``handle``, read
     through ``buffer`` in chunks of its size (``numpy``: as for ``scale_stats``); also the
-    first bad value's 4 bytes (or b"")."""
+    first bad value's 4 bytes (or b""). The bytes read are added to ``counted[0]``."""
     stats = ScaleStats(0, 0, 0, 0)
     first_value = b""
     whole = memoryview(buffer)
@@ -161,7 +163,7 @@ def _read_scale_stats(handle: Any, start: int, nbytes: int, buffer: bytearray, r
         got = _read_into(handle, whole[:size])
         if not got:
             raise EOFError
-        report.bytes_read += got
+        counted[0] += got
         # the last, shorter chunk: a view for numpy (no copy); the stdlib passes need a bytearray
         raw = buffer if got == len(buffer) else whole[:got] if numpy is not None else buffer[:got]
         chunk = scale_stats(raw, numpy=numpy)
@@ -193,15 +195,18 @@ class _ScaleRead:
     problem: tuple[str, str, str] | None = None
 
 
-def _read_shard_scales(path: str, shard: str, items: list[tuple[str, TensorInfo]], start: int, buffer: bytearray,
-                       report: PreflightReport, numpy: Any) -> dict[str, _ScaleRead]:
-    """Every scale tensor of one shard, in file order, through one open handle and ``buffer``."""
+def _read_shard_scales(reader: CheckpointReader, shard: str, items: list[tuple[str, TensorInfo]], start: int,
+                       buffer: Callable[[], bytearray], numpy: Any) -> tuple[dict[str, _ScaleRead], int]:
+    """Every scale tensor of one shard, in file order, through one open handle and the buffer
+    ``buffer()`` gives this thread; also the bytes read."""
     reads: dict[str, _ScaleRead] = {}
+    counted = [0]
     try:
-        with open_regular(path, buffering=0) as handle:
+        with reader.open(shard) as handle:
             for key, info in items:
                 try:
-                    stats, first_value = _read_scale_stats(handle, start + info.begin, info.nbytes, buffer, report, numpy)
+                    stats, first_value = _read_scale_stats(handle, start + info.begin, info.nbytes, buffer(), counted,
+                                                           numpy)
                 except EOFError:
                     reads[key] = _ScaleRead(problem=("header", "data_beyond_file", f"{shard} ended while reading {key}"))
                     continue
@@ -210,7 +215,7 @@ def _read_shard_scales(path: str, shard: str, items: list[tuple[str, TensorInfo]
         for key, _ in items:
             reads.setdefault(key, _ScaleRead(problem=("filesystem", "unreadable",
                                                       f"cannot read {key} from {shard}: {exc.strerror or exc}")))
-    return reads
+    return reads, counted[0]
 
 
 def _check_scale_values(view: CheckpointView, report: PreflightReport) -> None:
@@ -231,12 +236,23 @@ def _check_scale_values(view: CheckpointView, report: PreflightReport) -> None:
     if not by_shard:
         return
     largest = max(info.nbytes for items in by_shard.values() for _, info in items)
-    buffer = bytearray(max(4, min(cache_chunk_bytes() & ~3, largest)))  # whole float32 values per chunk
+    chunk = cache_chunk_bytes() if view.reader.local else view.reader.read_chunk
+    size = max(4, min(chunk & ~3, largest))  # whole float32 values per chunk
+    buffers = threading.local()  # one buffer per thread, reused for every tensor it reads
+
+    def buffer() -> bytearray:
+        if getattr(buffers, "buffer", None) is None:
+            buffers.buffer = bytearray(size)
+        return buffers.buffer  # type: ignore[no-any-return]
+
+    def shard_scales(shard: str) -> tuple[dict[str, _ScaleRead], int]:
+        return _read_shard_scales(view.reader, shard, sorted(by_shard[shard], key=lambda item: item[1].begin),
+                                  view.headers[shard].data_offset, buffer, numpy)
+
     reads: dict[str, _ScaleRead] = {}
-    for shard, items in by_shard.items():
-        header = view.headers[shard]
-        reads.update(_read_shard_scales(header.path, shard, sorted(items, key=lambda item: item[1].begin),
-                                        header.data_offset, buffer, report, numpy))
+    for shard_reads, counted in view.reader.map(shard_scales, list(by_shard)):
+        reads.update(shard_reads)
+        report.bytes_read += counted
     for key in sorted(reads):
         read = reads[key]
         shard, info = view.tensor(key)  # type: ignore[misc]

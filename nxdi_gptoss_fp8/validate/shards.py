@@ -4,15 +4,15 @@ by the shard the index names, no tensor twice.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
-import os
-import stat
 from collections.abc import Mapping
 from typing import Any
 
 from ..errors import NotRegularFileError
-from ..safeio.safetensors_header import HeaderError, SafetensorsHeader, read_header
+from ..safeio.reader import CheckpointReader
+from ..safeio.safetensors_header import HeaderError, SafetensorsHeader
 from .findings import MAX_FINDINGS_PER_CODE, PreflightReport
 from .view import CheckpointView
 
@@ -27,14 +27,12 @@ class _ShardProblem(Exception):
         self.check, self.reason, self.message, self.key = check, reason, message, key
 
 
-def _read_shard_header(root: str, real_root: str, shard: str) -> SafetensorsHeader:
-    path = os.path.join(root, shard)
+def _read_shard_header(reader: CheckpointReader, shard: str) -> SafetensorsHeader:
     try:
-        if stat.S_ISLNK(os.lstat(path).st_mode):
-            target = os.path.realpath(path)
-            if os.path.dirname(target) != real_root:
-                raise _ShardProblem("filesystem", "link_outside", f"{shard} is a link to {target}, outside the checkpoint directory: copy the file in instead")
-        return read_header(path)
+        target = reader.link_outside(shard)
+        if target is not None:
+            raise _ShardProblem("filesystem", "link_outside", f"{shard} is a link to {target}, outside the checkpoint directory: copy the file in instead")
+        return reader.header(shard)
     except FileNotFoundError:
         raise _ShardProblem("ownership", "missing_shard", f"the index lists shard {shard}, which does not exist") from None
     except HeaderError as exc:
@@ -45,20 +43,28 @@ def _read_shard_header(root: str, real_root: str, shard: str) -> SafetensorsHead
         raise _ShardProblem("filesystem", "unreadable", f"cannot read {shard}: {exc.strerror or exc}") from None
 
 
+def _header_or_problem(reader: CheckpointReader, shard: str) -> SafetensorsHeader | _ShardProblem:
+    try:
+        return _read_shard_header(reader, shard)
+    except _ShardProblem as problem:
+        return problem
+
+
 def _read_headers(view: CheckpointView, report: PreflightReport) -> None:
-    real_root = os.path.realpath(view.root)
     listed = set(view.weight_map.values())
     try:
-        present = listed & set(os.listdir(view.root))
+        present = listed & set(view.reader.listing())
     except OSError:
         present = listed
     for shard in sorted(listed - present):  # one listing, not a stat per missing name
         view.broken_shards.add(shard)
         report.add("ownership", "missing_shard", f"the index lists shard {shard}, which does not exist", file=shard)
-    for shard in sorted(present):
-        try:
-            header = _read_shard_header(view.root, real_root, shard)
-        except _ShardProblem as problem:
+    shards = sorted(present)
+    # a remote reader asks for every header at once; a local one reads them in turn
+    results = view.reader.map(functools.partial(_header_or_problem, view.reader), shards)
+    for shard, header in zip(shards, results, strict=True):
+        if isinstance(header, _ShardProblem):
+            problem = header
             view.broken_shards.add(shard)
             report.add(problem.check, problem.reason, problem.message, file=shard, key=problem.key)
             continue

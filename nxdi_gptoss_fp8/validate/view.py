@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..safeio.files import FileIdentity
+from ..safeio.reader import CheckpointReader, LocalReader
 from ..safeio.safetensors_header import SafetensorsHeader, TensorInfo
 
 __all__ = ["CheckpointView"]
@@ -32,6 +33,12 @@ class CheckpointView:
     # what ``recognize`` says the directory is, once asked (``foreign_recognition``)
     recognition: Any = None
     _namespace: tuple[fmt.Layout, dict[str, fmt.TensorSpec]] | None = field(default=None, repr=False, compare=False)
+    # where the files are read from: the directory ``root`` on disk unless given (a Hub repo)
+    reader: CheckpointReader = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.reader is None:
+            self.reader = LocalReader(self.root)
 
     def expected(self) -> dict[str, fmt.TensorSpec] | None:
         """``fmt.expected_namespace(self.layout)``, derived once per layout (several checks and the
