@@ -31,8 +31,8 @@ from .safetensors_header import SafetensorsHeader, parse_header_bytes, read_head
 
 __all__ = ["HEADER_PROBE", "HUB_TIMEOUT_S", "HubEntry", "HubReader", "bounded_call", "hub_errors"]
 
-T = TypeVar("T")
-R = TypeVar("R")
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 HUB_TIMEOUT_S = 20.0  # one request (or one metadata call) may take this long, then the run stops
 HEADER_PROBE = 64 * 1024  # the first read of a shard: its length prefix and, usually, its whole header
@@ -69,7 +69,7 @@ def hub_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-def bounded_call(call: Callable[[], T], timeout: float, what: str) -> T:
+def bounded_call(call: Callable[[], _T], timeout: float, what: str) -> _T:
     """``call()`` in a daemon thread, waited for at most ``timeout`` seconds (``TimeoutError``
     after): a metadata call that takes no timeout of its own cannot hang the command."""
     results: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
@@ -222,7 +222,7 @@ class HubReader(CheckpointReader):
     def open(self, name: str) -> BinaryIO:
         return _RangedFile(self, name, self._file(name).size)  # type: ignore[return-value]
 
-    def map(self, work: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    def map(self, work: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
         items = list(items)
         if len(items) < 2:
             return [work(item) for item in items]

@@ -21,8 +21,8 @@ from .safetensors_header import SafetensorsHeader, read_header
 
 __all__ = ["CheckpointReader", "LocalReader"]
 
-T = TypeVar("T")
-R = TypeVar("R")
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 class CheckpointReader:
@@ -75,7 +75,7 @@ class CheckpointReader:
         """A binary handle on ``name`` for ``seek`` and ``readinto`` (the scale values)."""
         raise NotImplementedError
 
-    def map(self, work: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    def map(self, work: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
         """``work`` over ``items``, results in their order (a remote reader runs them in parallel)."""
         return [work(item) for item in items]
 
