@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -204,6 +205,16 @@ def test_goldens_file_has_what_nxdis_demo_reads(made: dict[str, Path], tmp_path:
     assert report.generated_ids == sequences[0, len(TOKENS):].tolist()
     again = read_goldens(output)
     assert torch.equal(torch.stack(again.scores), scores)
+
+
+@pytest.mark.parametrize(("num_tokens", "generated"), [(1, "1 token generated"), (2, "2 tokens generated")])
+def test_goldens_report_counts_tokens_in_words(made: dict[str, Path], tmp_path: Path, num_tokens: int,
+                                               generated: str) -> None:
+    report = make_goldens(made[f"{SOURCE_MXFP4}-fp8"], "dequantized", prompt=prompt_of([5]), num_tokens=num_tokens,
+                          output=tmp_path / "g.pt", allow_custom_model=True)
+    text = report.render_text()
+    assert f"prompt     {len(report.input_ids)} token" in text and f"; {generated} greedily" in text, text
+    assert re.search(r"(?<![\d,])1 tokens", text) is None, text
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -38,6 +38,7 @@ from .. import format as fmt
 from ..deps import importable, module_version
 from ..errors import CpuModelError, CpuModelUnavailableError
 from ..safeio.json_file import read_json_file
+from ..units import plural
 
 __all__ = [
     "CPU_EXTRA", "MODELING", "NEURON_ONLY_ROOTS", "NXD", "NXDI", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "SOURCE_ROOTS",
@@ -69,7 +70,7 @@ class ForwardPlan:
 
     def __post_init__(self) -> None:
         if not 1 <= self.context < len(self.tokens):
-            raise ValueError(f"context {self.context} must be at least 1 and below the {len(self.tokens)} tokens")
+            raise ValueError(f"context {self.context} must be at least 1 and below the {plural(len(self.tokens), 'token')}")
 
     @property
     def positions(self) -> range:
@@ -85,7 +86,7 @@ def fixed_plan(vocab_size: int, tokens: int = 12, steps: int = 6, *, seed: int =
     """A deterministic token sequence (no tokenizer): ``tokens`` ids below ``vocab_size``,
     the last ``steps`` of them teacher-forced one at a time."""
     if tokens < 2 or not 1 <= steps < tokens:
-        raise ValueError(f"need at least 2 tokens and 1 <= steps < tokens (got {tokens} tokens, {steps} steps)")
+        raise ValueError(f"need at least 2 tokens and 1 <= steps < tokens (got {plural(tokens, 'token')}, {plural(steps, 'step')})")
     state, ids = 0x9E3779B9 ^ seed, []
     for _ in range(tokens):
         state = (state * 1103515245 + 12345) % (1 << 31)
@@ -231,7 +232,7 @@ class NxdiCpuAdaptations:
         import torch.distributed as dist
 
         if self.under_torchrun and int(os.environ["WORLD_SIZE"]) != self.tp:
-            raise CpuModelError(f"torchrun started {os.environ['WORLD_SIZE']} workers for tp {self.tp}: start exactly tp")
+            raise CpuModelError(f"torchrun started {plural(int(os.environ['WORLD_SIZE']), 'worker')} for tp {self.tp}: start exactly tp")
         saved = os.environ.get("NXD_CPU_MODE")
         created = False
         if not dist.is_initialized():
@@ -442,12 +443,12 @@ def run_forwards(specs: Sequence[RunSpec], plan: ForwardPlan, *, tp: int = 1) ->
         try:
             done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=TORCHRUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise CpuModelError(f"NxDI's model did not finish in {TORCHRUN_TIMEOUT_S} s in the tp {tp} torchrun workers") from None
+            raise CpuModelError(f"NxDI's model did not finish in {TORCHRUN_TIMEOUT_S} s in the tp {plural(tp, 'torchrun worker')}") from None
         if done.returncode != 0 or not os.path.exists(out):
             lines = [line for line in (done.stderr or "").splitlines() if line.strip()]
             errors = [line for line in lines if "Error" in line or "error" in line] or lines
             tail = " | ".join(errors[-TOOL_ERROR_LINES:]) or f"exit status {done.returncode}"
-            raise CpuModelError(f"NxDI's model failed in the tp {tp} torchrun workers: {tail}")
+            raise CpuModelError(f"NxDI's model failed in the tp {plural(tp, 'torchrun worker')}: {tail}")
         return list(torch.load(out))
 
 

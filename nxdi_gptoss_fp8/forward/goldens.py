@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import ConversionError
+from ..units import plural
 from .hf_reference import ReferenceBuild, build_reference
 
 __all__ = ["GoldensReport", "check_output", "expected_outputs", "generate_expected", "load_tokenizer", "make_goldens", "read_goldens"]
@@ -60,7 +61,8 @@ class GoldensReport:
             f"goldens: {self.output}",
             f"  reference  {self.build.describe()}",
             f"  memory     {self.build.memory}",
-            f"  prompt     {len(self.input_ids)} tokens × batch {self.batch_size}; {self.num_tokens} tokens generated "
+            f"  prompt     {plural(len(self.input_ids), 'token')} × batch {self.batch_size}; "
+            f"{plural(self.num_tokens, 'token')} generated "
             f"greedily in {self.generate_s:.1f} s",
             f"  generated  {self.generated_text!r}",
             f"  use        inference_demo ... --expected-outputs-path {self.output} --check-accuracy-mode logit-matching "

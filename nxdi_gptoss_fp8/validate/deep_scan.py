@@ -360,7 +360,7 @@ def _report(report: PreflightReport, target: ScanTarget, result: TensorResult) -
         expert, row, col, byte = result.first_out_of_range
         report.add(
             "values", "fp8_out_of_range",
-            f"{target.key} has {result.out_of_range} FP8 values with all exponent bits set (|x| > "
+            f"{target.key} has {plural(result.out_of_range, 'FP8 value')} with all exponent bits set (|x| > "
             f"{fmt.FP8_MAX:g} or NaN), which Neuron's E4M3 cannot hold; first at "
             f"{target.coords(expert, row, col)} = 0x{byte:02X}: re-quantize within ±{fmt.FP8_MAX:g}",
             file=target.shard, key=target.key,
@@ -369,7 +369,7 @@ def _report(report: PreflightReport, target: ScanTarget, result: TensorResult) -
         expert, row, col, value = result.first_non_finite
         report.add(
             "values", "non_finite",
-            f"{target.key} has {result.non_finite} non-finite BF16 values (±inf or NaN); first at "
+            f"{target.key} has {plural(result.non_finite, 'non-finite BF16 value')} (±inf or NaN); first at "
             f"{target.coords(expert, row, col)} = 0x{value:04X}: the model would compute with them; "
             "convert again from a source whose values are all finite",
             file=target.shard, key=target.key,
@@ -377,7 +377,7 @@ def _report(report: PreflightReport, target: ScanTarget, result: TensorResult) -
     if result.nonzero_padding and result.first_padding is not None:
         report.add(
             "values", "nonzero_padding",
-            f"{target.key} has {result.nonzero_padding} non-zero values in its padding (rows/columns "
+            f"{target.key} has {plural(result.nonzero_padding, 'non-zero value')} in its padding (rows/columns "
             f"beyond H or I); first at {target.coords(*result.first_padding)}: padding must be "
             "zero, re-convert the checkpoint",
             file=target.shard, key=target.key,
@@ -386,7 +386,7 @@ def _report(report: PreflightReport, target: ScanTarget, result: TensorResult) -
         shown = ", ".join(map(str, result.zero_experts[:8])) + (" ..." if len(result.zero_experts) > 8 else "")
         report.add(
             "values", "zero_expert",
-            f"{target.key}: {len(result.zero_experts)} of {target.experts} experts are all zero (experts "
+            f"{target.key}: {len(result.zero_experts)} of {plural(target.experts, 'expert')} {'is' if len(result.zero_experts) == 1 else 'are'} all zero (experts "
             f"{shown}): a sign of a broken conversion; compare with the source checkpoint",
             file=target.shard, key=target.key, severity=Severity.WARNING,
         )
