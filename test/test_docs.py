@@ -112,3 +112,22 @@ def test_every_page_opens_with_what_it_is_for_and_the_commands_to_copy(name: str
     prose = [line for _, line in documents.prose_lines(opening) if line.strip() and not line.startswith("#")]
     assert prose, f"{name}: no sentence saying what the page is for before its first section"
     assert re.search(r"^```(bash|python)\n", opening, flags=re.M), f"{name}: no commands before its first section"
+
+
+# names written in lower case that may open a paragraph
+LOWER_CASE_NAMES = ("llm-compressor", "vLLM", "vllm-neuron", "transformers", "torchrun", "huggingface_hub")
+
+
+@pytest.mark.parametrize("name", documents.pages())
+def test_every_section_opens_with_a_whole_sentence(name: str) -> None:
+    """A section's first paragraph starts a sentence (a capital, a code span, a link or a list),
+    never mid-sentence as a bullet's "**Safety:** one expert per lane …" did once moved under a
+    heading; a name written in lower case may open it."""
+    lines = documents.page(name).splitlines()
+    prose = dict(documents.prose_lines(documents.page(name)))
+    broken = []
+    for heading in documents.headings(documents.page(name)):
+        first = next((lines[n] for n in range(heading.line + 1, len(lines)) if lines[n].strip()), "")
+        if heading.line + 1 in prose and first[:1].islower() and not first.startswith(LOWER_CASE_NAMES):
+            broken.append(f"{heading.title!r}: {first[:60]}")
+    assert not broken, f"{name}: sections that start mid-sentence: {broken}"
