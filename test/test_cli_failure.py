@@ -248,17 +248,36 @@ def _raising(exc: BaseException) -> Callable[[argparse.Namespace], int]:
 RAISED = {"io": OSError(13, "Permission denied", "/data/models/x"), "interrupted": KeyboardInterrupt()}
 
 
-def _debug_cases() -> list[tuple[str, str]]:
-    """(command, case): every command's missing path and refusal of ``CASES``, a bad setting other
-    than the switch itself, NxDI missing, a normalized checkpoint given to convert, an I/O error
-    and an interruption."""
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(commands.choices)
+
+
+def _minimal_argv(command: str, path: str) -> list[str]:
+    """A command line ``command``'s parser accepts: ``path`` for each positional, "1" for each
+    required option."""
+    argv = [command]
+    for action in _commands()[command]._actions:
+        if not action.option_strings and action.nargs in (None, 1):
+            argv.append(path)
+        elif action.option_strings and action.required:
+            argv += [action.option_strings[0], "1"]
+    return argv
+
+
+def _debug_cases() -> list[tuple[str, str, bool]]:
+    """(command, case, with --json when the command has it): every command's missing path and refusal of ``CASES``, a bad setting other
+    than the switch itself, NxDI missing, a normalized checkpoint given to convert, and an I/O
+    error and an interruption in every command."""
     cases = [(command, case) for command, case in _applicable() if case in ("missing path", "refusal")]
-    return [*cases, ("validate", "bad setting"), ("selfcheck", "no NxDI"), ("convert", "normalized source"),
-            *((command, kind) for kind in RAISED for command in ("validate", "env", "convert"))]
+    cases += [("validate", "bad setting"), ("selfcheck", "no NxDI"), ("convert", "normalized source"),
+              *((command, kind) for kind in RAISED for command in sorted(_commands()))]
+    json_commands = _json_commands()
+    return [(command, case, as_json) for command, case in cases for as_json in (False, True)
+            if not as_json or command in json_commands]
 
 
-@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
-@pytest.mark.parametrize("command, case", _debug_cases())
+@pytest.mark.parametrize("command, case, as_json", _debug_cases())
 def test_debug_prints_the_traceback_and_keeps_the_one_line(command: str, case: str, as_json: bool, tmp_path: Path,
                                                            tiny_template: Path, capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
@@ -281,7 +300,7 @@ def test_debug_prints_the_traceback_and_keeps_the_one_line(command: str, case: s
         monkeypatch.setattr("nxdi_gptoss_fp8.cli.build_parser", lambda prog="nxdi-gptoss-fp8": parser)
         (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
         commands.choices[command].set_defaults(handler=_raising(RAISED[case]))
-        argv = [command, *([] if command == "env" else [str(scene / "empty")] * (2 if command == "convert" else 1))]
+        argv = _minimal_argv(command, str(scene / "empty"))
     else:
         found = CASES[command][case == "refusal"](scene)
         assert found is not None
