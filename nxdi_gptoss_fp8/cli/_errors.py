@@ -14,7 +14,9 @@ checkpoint), ``io`` (a read or a write the disk or filesystem refused: full, rea
 error), ``interrupted``. ``message`` is the stderr line without its ``nxdi-gptoss-fp8 COMMAND:``
 prefix, both escaped alike (``printable``: a line break or a non-UTF-8 byte in a path never
 splits or garbles the one line). A command's own result with ``ok`` false (findings, a failed
-verification) is not a failure: it is printed as that command's report.
+verification) is not a failure: it is printed as that command's report. With
+``NXDI_GPTOSS_FP8_DEBUG`` on, the error's traceback (``print_traceback``) comes before the line;
+nothing else changes.
 """
 
 from __future__ import annotations
