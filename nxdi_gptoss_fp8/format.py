@@ -252,8 +252,8 @@ def dims_from_config(config: Mapping[str, Any]) -> ModelDims:
     if values["num_experts_per_tok"] > values["num_local_experts"]:
         raise ConfigFieldError(
             "num_experts_per_tok",
-            f"is {values['num_experts_per_tok']}, more than the {values['num_local_experts']} experts "
-            "(num_local_experts): a token cannot be routed to more experts than the layer has",
+            f"is {values['num_experts_per_tok']}, more than num_local_experts ({values['num_local_experts']}): "
+            "a token cannot be routed to more experts than the layer has",
         )
     return ModelDims(**values)
 

@@ -14,7 +14,7 @@ from . import format as fmt
 from . import recognize as rz
 from .padding import TARGETS
 from .safeio.reader import CheckpointReader
-from .units import format_bytes, printable
+from .units import format_bytes, plural, printable
 from .validate.findings import PreflightReport
 from .validate.pipeline import preflight
 from .validate.view import CheckpointView
@@ -135,7 +135,7 @@ class CheckpointSummary:
             known = TARGETS.get(self.target)
             lines.append(f"target      {self.target}" + ("" if known else " (unknown to this package)"))
         total_file = sum(s.file_size for s in self.shards)
-        lines.append(f"shards      {len(self.shards)} files, {_human(total_file)} on disk")
+        lines.append(f"shards      {plural(len(self.shards), 'file')}, {_human(total_file)} on disk")
         for shard in self.shards:
             lines.append(f"  {shard.name:<40} {shard.tensors:>6} tensor{'s' if shard.tensors != 1 else ' '} {_human(shard.tensor_bytes):>11}")
         lines.append(f"tensors     {sum(self.tensors_by_dtype.values())}")
@@ -260,7 +260,7 @@ def _presharded_lines(path: str, presharded: dict[str, Any]) -> list[str]:
     settings = ", ".join(f"{key}={value}" for key, value in manifest["settings"].items()
                          if key not in ("tp_degree", "world_size"))
     return [
-        f"weights     {rz.PRESHARDED_DIR}/: {presharded['rank_files']} rank files, manifest written {manifest['written_at']} "
+        f"weights     {rz.PRESHARDED_DIR}/: {plural(presharded['rank_files'], 'rank file')}, manifest written {manifest['written_at']} "
         f"by nxdi-gptoss-fp8 {manifest['package_version']}",
         f"            tp_degree {manifest['tp_degree']}, world_size {manifest['world_size']}, ranks {manifest['ranks']}, "
         f"{_human(manifest['bytes'])}",

@@ -216,18 +216,18 @@ class LoadedCheckpoint:
     def describe(self) -> str:
         """A few lines saying what was mapped, derived and copied."""
         dtypes = ", ".join(f"{count} {dtype}" for dtype, count in sorted(self.mapped_dtypes.items()))
-        how = (f"read into private memory ({self.private_bytes:,} bytes)" if self.policy.private
+        how = (f"read into private memory ({plural(self.private_bytes, 'byte')})" if self.policy.private
                else "as copy-on-write views, no tensor byte read or copied")
         lines = [
-            f"mapped {plural(len(self.mapped), 'tensor')} ({self.mapped_bytes:,} bytes) from {plural(self.shards, 'shard')} "
+            f"mapped {plural(len(self.mapped), 'tensor')} ({plural(self.mapped_bytes, 'byte')}) from {plural(self.shards, 'shard')} "
             f"{how}: {dtypes}",
-            f"derived {len(self.derived)} runtime entries ({fmt.format_document_ref()}, Entries that are never stored): "
+            f"derived {plural(len(self.derived), 'runtime entry', 'runtime entries')} ({fmt.format_document_ref()}, Entries that are never stored): "
             + ", ".join(_summarize_keys(self.derived)),
-            f"copied {self.copied_bytes:,} bytes in total (derived entries"
-            + (f", {len(self.cast)} dtype casts" if self.cast else "") + ")",
+            f"copied {plural(self.copied_bytes, 'byte')} in total (derived entries"
+            + (f", {plural(len(self.cast), 'dtype cast')}" if self.cast else "") + ")",
         ]
         if self.policy.verify_digests:
-            lines.append(f"verified {plural(self.shards, 'shard')} ({self.verified_bytes:,} bytes) against {DIGESTS_KEY} "
+            lines.append(f"verified {plural(self.shards, 'shard')} ({plural(self.verified_bytes, 'byte')}) against {DIGESTS_KEY} "
                          f"over the loaded bytes in {self.verify_s:.2f} s")
         return "\n".join(lines)
 
@@ -301,7 +301,7 @@ def map_shard(shard: str, header: SafetensorsHeader, *, root: str, private: bool
             mapping = (_read_private(fd, header.identity.size, shard) if private
                        else mmap.mmap(fd, 0, access=mmap.ACCESS_COPY))
         except (OSError, ValueError) as exc:
-            raise LoadError(f"cannot {'read' if private else 'map'} {shard} ({header.identity.size:,} bytes): {exc}") from None
+            raise LoadError(f"cannot {'read' if private else 'map'} {shard} ({plural(header.identity.size, 'byte')}): {exc}") from None
         changes = FileIdentity.of(os.fstat(fd)).changes_since(header.identity)
         if changes or len(mapping) != header.identity.size:
             mapping.close()

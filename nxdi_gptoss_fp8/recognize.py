@@ -282,7 +282,7 @@ def recognize(path: str | os.PathLike[str], *, look_inside: bool = True) -> Reco
     if rec.kind == UNKNOWN and not rec.inside:
         rec.looked_for = list(LOOKED_FOR)
         shown = ", ".join(sorted(name + ("/" if is_dir else "") for name, is_dir in entries.items())[:12])
-        rec.evidence.append(f"found: {shown or 'an empty directory'}" + (f" … ({len(entries)} entries)" if len(entries) > 12 else ""))
+        rec.evidence.append(f"found: {shown or 'an empty directory'}" + (f" … ({plural(len(entries), 'entry', 'entries')})" if len(entries) > 12 else ""))
     rec.checkpoint_format = CHECKPOINT_FORMATS.get(rec.kind)
     return rec
 
@@ -550,13 +550,13 @@ def _compiled_artifacts(rec: Recognition, reader: _Reader, entries: Mapping[str,
         return
     if not ranks:  # only weights/ of a compiled directory: one verdict, not "unknown"
         rec.kind = PRESHARDED
-        rec.evidence.append(f"{PRESHARDED_DIR}/: {len(sharded)} files tpN_sharded_checkpoint.safetensors "
+        rec.evidence.append(f"{PRESHARDED_DIR}/: {plural(len(sharded), 'file')} tpN_sharded_checkpoint.safetensors "
                             f"(ranks {sharded[0]}…{sharded[-1]}), but no {NEURON_CONFIG_FILE} or {COMPILED_MODEL_FILE}")
         rec.actions = [f"this is an incomplete copy of a compiled NxDI model directory: copy the whole directory "
                        f"({NEURON_CONFIG_FILE}, {COMPILED_MODEL_FILE}, {PRESHARDED_DIR}/) and load that with NxDI"]
         return
     rec.kind = PRESHARDED
-    rec.evidence.append(f"{len(ranks)} files tpN_sharded_checkpoint.safetensors (ranks {ranks[0]}…{ranks[-1]})")
+    rec.evidence.append(f"{plural(len(ranks), 'file')} tpN_sharded_checkpoint.safetensors (ranks {ranks[0]}…{ranks[-1]})")
     parent = os.path.dirname(os.path.abspath(root))
     rec.actions = [f"these are written by NxDI at compile time (save_sharded_checkpoint=True): load the compiled "
                    f"model directory {parent} with NxDI; re-shard from the original checkpoint, never from these"]

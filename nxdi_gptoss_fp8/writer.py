@@ -141,7 +141,7 @@ def planned_bytes(plan: Mapping[str, PlannedTensor], name: str, data: Any, offse
         raise ConversionError(f"{name} is not a tensor of the normalized format")
     raw = as_bytes(data)
     if offset < 0 or offset + raw.nbytes > planned.spec.nbytes:
-        raise ConversionError(f"{name}: bytes {offset}..{offset + raw.nbytes} exceed its {planned.spec.nbytes} bytes")
+        raise ConversionError(f"{name}: bytes {offset}..{offset + raw.nbytes} exceed its {plural(planned.spec.nbytes, 'byte')}")
     return planned, raw
 
 
@@ -312,7 +312,7 @@ class CheckpointWriter:
         this writer's shard files (``tmp``, at the planned offsets: ``convert.workers``)."""
         planned = self._plan.get(name)
         if planned is None or size < 0 or self._written[name] + size > planned.spec.nbytes:
-            raise ConversionError(f"{name}: {size} more bytes do not fit the planned tensor")
+            raise ConversionError(f"{name}: {plural(size, 'more byte')} do not fit the planned tensor")
         self._written[name] += size
 
     def commit(self, *, show_progress: bool | None = None) -> str:

@@ -6,14 +6,16 @@
    read of it) for a 64-rank set of full-size gpt-oss-120b rank files
    at tp=64 — sparse files: real headers with the per-rank shapes NxD's tp=64 sharding gives
    (below), data holes — next to safetensors ``load_file`` of the same files (what NxDI's
-   ``load_weights`` does per rank). ``load_file`` of all 64 files reads ~118 GB, so by default it
-   runs on ``--load-file-ranks`` files and the 64-rank figure is that per-rank time × 64 (say
+   ``load_weights`` does per rank). ``load_file`` of all 64 files reads every byte of them (their
+   size, ``rank_set_bytes``, is the script's first figure), so by default it runs on
+   ``--load-file-ranks`` files and the 64-rank figure is that per-rank time × 64 (say
    ``--load-file-ranks 64`` to run them all).
 2. Manifest write (``write_manifest``: whole-file SHA-256 in parallel, plus headers and samples)
    on a scaled set of real-data rank files (``--real-ranks`` × ``--real-rank-mb``; holes would
    hash faster than data), next to the time safetensors ``save_file`` (NxD's shard step) takes to
    write the same bytes, and next to the machine's SHA-256 rate: one core measured on a buffer in
-   memory, × the cores this process may use.
+   memory, × the cores this process may use; and what the manifest of the 64 rank files of part 1
+   (their size derived from the shapes, never typed) takes at that rate.
 
 Targets: default check < 50 ms for 64 ranks and < 1 % of load_file's time; hashing ≥ 80 % of
 single-core SHA-256 × cores.
@@ -46,7 +48,7 @@ sys.path.insert(0, ROOT)
 
 from nxdi_gptoss_fp8 import format as fmt  # noqa: E402
 from nxdi_gptoss_fp8.machine import usable_cpus  # noqa: E402
-from nxdi_gptoss_fp8.units import format_bytes, format_duration  # noqa: E402
+from nxdi_gptoss_fp8.units import format_bytes, format_duration, plural  # noqa: E402
 from nxdi_gptoss_fp8.validate import presharded as sm  # noqa: E402
 from nxdi_gptoss_fp8.validate import presharded_manifest as pm  # noqa: E402
 
@@ -92,8 +94,8 @@ def rank_tensors(layers: int = 36, experts: int = 128, hidden: int = 2880, inter
     return tensors
 
 
-def write_sparse_rank(path: str, tensors: dict[str, tuple[str, list[int]]]) -> int:
-    """A safetensors file with a real header and a data hole; returns its size."""
+def rank_file_layout(tensors: dict[str, tuple[str, list[int]]]) -> tuple[bytes, int]:
+    """(the header with its 8-byte length prefix, the data size) of one rank file holding ``tensors``."""
     header: dict[str, Any] = {}
     offset = 0
     for name in sorted(tensors):
@@ -105,10 +107,23 @@ def write_sparse_rank(path: str, tensors: dict[str, tuple[str, list[int]]]) -> i
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw, offset
+
+
+def rank_set_bytes(tensors: dict[str, tuple[str, list[int]]] | None = None, tp: int = TP) -> int:
+    """The bytes of the ``tp`` rank files part 1 writes (headers included): what ``load_file``
+    reads and a compile's manifest hashes, derived from the per-rank shapes."""
+    header, data = rank_file_layout(rank_tensors() if tensors is None else tensors)
+    return tp * (len(header) + data)
+
+
+def write_sparse_rank(path: str, tensors: dict[str, tuple[str, list[int]]]) -> int:
+    """A safetensors file with a real header and a data hole; returns its size."""
+    header, data = rank_file_layout(tensors)
     with open(path, "wb") as handle:
-        handle.write(len(raw).to_bytes(8, "little") + raw)
-        handle.truncate(8 + len(raw) + offset)
-    return 8 + len(raw) + offset
+        handle.write(header)
+        handle.truncate(len(header) + data)
+    return len(header) + data
 
 
 def sha256_rate(size: int = 256 << 20) -> float:
@@ -142,7 +157,8 @@ def named_checkpoint(path: str, shards: int = 15) -> str:
     return path
 
 
-def bench_check(workdir: str, load_file_ranks: int) -> None:
+def bench_check(workdir: str, load_file_ranks: int) -> int:
+    """Part 1; returns the bytes of the rank files it wrote."""
     from safetensors.torch import load_file
 
     compiled = os.path.join(workdir, "compiled-120b-tp64")
@@ -166,6 +182,7 @@ def bench_check(workdir: str, load_file_ranks: int) -> None:
         json.dump(manifest.to_dict(), handle)
     assert header_raw is not None
     total = sum(sizes)
+    assert total == rank_set_bytes(tensors), (total, rank_set_bytes(tensors))
     print(f"rank files   {TP} × {format_bytes(sizes[0])} = {format_bytes(total)} apparent (sparse), "
           f"{len(tensors)} tensors, header {format_bytes(len(header_raw))} each; named checkpoint's index "
           f"{format_bytes(os.path.getsize(os.path.join(checkpoint, fmt.INDEX_FILE)))}")
@@ -183,16 +200,18 @@ def bench_check(workdir: str, load_file_ranks: int) -> None:
         per_rank.append(_timed(lambda path=path: load_file(path)))
     load_rank = statistics.median(per_rank)
     load_all = load_rank * TP if load_file_ranks < TP else sum(per_rank)
-    scope = "measured" if load_file_ranks >= TP else f"{load_file_ranks} ranks measured × {TP // max(load_file_ranks, 1)}"
+    scope = "measured" if load_file_ranks >= TP else f"{plural(load_file_ranks, 'rank')} measured × {TP // max(load_file_ranks, 1)}"
     print(f"check        default check, 64 ranks: {format_duration(median)} median of 15 (first run {format_duration(first)}); "
           f"target < 50 ms: {'met' if median < 0.05 else 'MISSED'}")
     print(f"load_file    safetensors load_file: {format_duration(load_rank)} per rank, {format_duration(load_all)} for 64 ranks "
           f"({scope}; holes read as zeros, page cache)")
     print(f"ratio        check / load_file = {100 * median / load_all:.3f} %; target < 1 %: "
           f"{'met' if median < 0.01 * load_all else 'MISSED'}")
+    return total
 
 
-def bench_write(workdir: str, ranks: int, rank_mb: int) -> None:
+def bench_write(workdir: str, ranks: int, rank_mb: int, set_bytes: int) -> None:
+    """Part 2; ``set_bytes``: the 120b tp64 rank files of part 1, whose manifest time is stated."""
     import torch
     from safetensors.torch import save_file
 
@@ -213,14 +232,15 @@ def bench_write(workdir: str, ranks: int, rank_mb: int) -> None:
                                                progress=False))
     rate = total / hashing
     target = 0.8 * single * cores
-    print(f"real data    {ranks} rank files × {format_bytes(total / ranks)} = {format_bytes(total)} (random bytes, page cache)")
+    print(f"real data    {plural(ranks, 'rank file')} × {format_bytes(total / ranks)} = {format_bytes(total)} (random bytes, page cache)")
     print(f"sha256       one core {single / 1e9:.2f} GB/s; × {cores} cores = {single * cores / 1e9:.2f} GB/s")
     print(f"write        safetensors save_file of the same bytes: {format_duration(sum(write_times))} "
           f"({total / sum(write_times) / 1e9:.2f} GB/s)")
     print(f"manifest     write_manifest: {format_duration(hashing)} ({rate / 1e9:.2f} GB/s, {100 * rate / (single * cores):.0f} % "
           f"of single-core × cores); target ≥ 80 %: {'met' if rate >= target else 'MISSED'}; "
           f"+{100 * hashing / sum(write_times):.0f} % on the write time")
-    print(f"120b tp64    at this rate the manifest of ~118 GB of rank files takes ≈ {format_duration(118e9 / rate)}")
+    print(f"120b tp64    at this rate the manifest of the {TP} rank files above ({format_bytes(set_bytes)}) takes "
+          f"≈ {format_duration(set_bytes / rate)}")
 
 
 def main() -> int:
@@ -236,8 +256,8 @@ def main() -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"machine      load average {load:.2f} on {os.cpu_count()} CPUs (a shared machine hashes slower than its cores)")
     try:
-        bench_check(workdir, max(1, min(args.load_file_ranks, TP)))
-        bench_write(workdir, args.real_ranks, args.real_rank_mb)
+        set_bytes = bench_check(workdir, max(1, min(args.load_file_ranks, TP)))
+        bench_write(workdir, args.real_ranks, args.real_rank_mb, set_bytes)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

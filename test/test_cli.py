@@ -287,6 +287,16 @@ def test_plurals_in_the_verdict(tiny_checkpoint: Path, capsys: pytest.CaptureFix
     assert ": 1 error, 0 warnings; 4 shards, 41 tensors, profile custom; read " in out.splitlines()[-1]
 
 
+@pytest.mark.parametrize(("max_shard_size", "shards"), [(10**9, "1 file,"), (64_000, "4 files,")])
+def test_inspect_counts_shards_in_words(tmp_path: Path, capsys: pytest.CaptureFixture[str], max_shard_size: int,
+                                        shards: str) -> None:
+    from nxdi_gptoss_fp8.synthetic.tiny import make_tiny
+
+    ckpt = make_tiny(tmp_path / "tiny", max_shard_size=max_shard_size)
+    _, out, _ = run(["inspect", ckpt], capsys)
+    assert any(line.startswith(f"shards      {shards}") for line in out.splitlines()), out
+
+
 def test_an_hf_checkpoint_is_summarized_and_all_lists_everything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from nxdi_gptoss_fp8.synthetic.sources import SOURCE_MXFP4, make_source
 
@@ -473,7 +483,7 @@ def test_make_tiny_creates_the_output_with_the_users_umask(tmp_path: Path, capsy
     (["--experts", "0"], "num_local_experts: must be an integer"),
     (["--vocab-size", "0"], "vocab_size: must be an integer"),
     (["--heads", "0"], "num_attention_heads: must be an integer"),
-    (["--experts-per-token", "5"], "more than the 4 experts"),
+    (["--experts-per-token", "5"], "more than num_local_experts (4)"),
     (["--kv-heads", "3"], "not a multiple of num_key_value_heads=3"),
     (["--head-dim", "4", "--heads", "16", "--kv-heads", "8"], "NxDI's YaRN requires"),
     (["--layers", "100000"], "more than a tiny checkpoint's"),
@@ -482,7 +492,7 @@ def test_make_tiny_creates_the_output_with_the_users_umask(tmp_path: Path, capsy
     (["--seed", "-1"], "seed -1 is not an integer"),
     (["--max-shard-size", "0"], ""),
     (["--hf-mxfp4", "--hidden-size", "50"], "not a multiple of the MXFP4 block size 32"),
-    (["--hf-bf16", "--experts-per-token", "4"], "more than the 3 experts"),
+    (["--hf-bf16", "--experts-per-token", "4"], "more than num_local_experts (3)"),
     (["--ct-fp8", "--layers", "0"], "num_hidden_layers: must be an integer"),
 ])
 def test_make_tiny_checks_its_arguments_first(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],

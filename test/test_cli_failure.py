@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -230,3 +231,87 @@ def test_a_path_that_would_break_the_line_is_escaped_alike_on_stderr_and_in_json
         message = json.loads(out)["error"]["message"]
         assert lines[0] == f"nxdi-gptoss-fp8 {args[0]}: {message}"
         out.encode("utf-8")  # no lone surrogate in the document
+
+
+# --------------------------------------------------------------------------- NXDI_GPTOSS_FP8_DEBUG
+
+TRACEBACK = "Traceback (most recent call last):"
+
+
+def _raising(exc: BaseException) -> Callable[[argparse.Namespace], int]:
+    def handler(_args: argparse.Namespace) -> int:
+        raise exc
+    return handler
+
+
+# errors no command above raises on demand, raised from a command's handler: (kind, exception)
+RAISED = {"io": OSError(13, "Permission denied", "/data/models/x"), "interrupted": KeyboardInterrupt()}
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(commands.choices)
+
+
+def _minimal_argv(command: str, path: str) -> list[str]:
+    """A command line ``command``'s parser accepts: ``path`` for each positional, "1" for each
+    required option."""
+    argv = [command]
+    for action in _commands()[command]._actions:
+        if not action.option_strings and action.nargs in (None, 1):
+            argv.append(path)
+        elif action.option_strings and action.required:
+            argv += [action.option_strings[0], "1"]
+    return argv
+
+
+def _debug_cases() -> list[tuple[str, str, bool]]:
+    """(command, case, with --json when the command has it): every command's missing path and refusal of ``CASES``, a bad setting other
+    than the switch itself, NxDI missing, a normalized checkpoint given to convert, and an I/O
+    error and an interruption in every command."""
+    cases = [(command, case) for command, case in _applicable() if case in ("missing path", "refusal")]
+    cases += [("validate", "bad setting"), ("selfcheck", "no NxDI"), ("convert", "normalized source"),
+              *((command, kind) for kind in RAISED for command in sorted(_commands()))]
+    json_commands = _json_commands()
+    return [(command, case, as_json) for command, case in cases for as_json in (False, True)
+            if not as_json or command in json_commands]
+
+
+@pytest.mark.parametrize("command, case, as_json", _debug_cases())
+def test_debug_prints_the_traceback_and_keeps_the_one_line(command: str, case: str, as_json: bool, tmp_path: Path,
+                                                           tiny_template: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``NXDI_GPTOSS_FP8_DEBUG=1`` every error a command raises prints its traceback on
+    stderr before the one line; the line, the JSON document and the exit status are those
+    without it (the page's promise: docs/environment-variables.md)."""
+    scene = _scene(tmp_path)
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    if case == "bad setting":
+        monkeypatch.setenv("NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL", "ture")
+        argv = ["validate", str(tiny_template)]
+    elif case == "no NxDI":  # not importable here, whatever this host has
+        for module in ("neuronx_distributed_inference", "neuronx_distributed"):
+            monkeypatch.setitem(sys.modules, module, None)
+        argv = ["selfcheck"]
+    elif case == "normalized source":
+        argv = ["convert", str(tiny_template), str(scene / "out")]
+    elif case in RAISED:
+        parser = build_parser()
+        monkeypatch.setattr("nxdi_gptoss_fp8.cli.build_parser", lambda prog="nxdi-gptoss-fp8": parser)
+        (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        commands.choices[command].set_defaults(handler=_raising(RAISED[case]))
+        argv = _minimal_argv(command, str(scene / "empty"))
+    else:
+        found = CASES[command][case == "refusal"](scene)
+        assert found is not None
+        argv = found
+    argv = [argv[0], *(["--json"] if as_json else []), *argv[1:]]
+    code, out, err = _run(argv, capsys)
+    assert code != 0 and TRACEBACK not in err, err
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    debug_code, debug_out, debug_err = _run(argv, capsys)
+    assert debug_code == code and debug_out == out, debug_err
+    assert debug_err.startswith(TRACEBACK) and debug_err.endswith(err) and len(debug_err) > len(err), debug_err
+    first = {"no NxDI": "CpuModelUnavailableError", "normalized source": "ConversionError"}.get(case)
+    if first is not None:  # re-raised by the command as its own error: where the package first raised it shows too
+        assert f"nxdi_gptoss_fp8.errors.{first}: " in debug_err and "was the direct cause" in debug_err

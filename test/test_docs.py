@@ -7,6 +7,7 @@ import contextlib
 import io
 import re
 from pathlib import Path
+from typing import Any
 
 import documents
 import pytest
@@ -113,3 +114,54 @@ def test_every_page_opens_with_what_it_is_for_and_the_commands_to_copy(name: str
     prose = [line for _, line in documents.prose_lines(opening) if line.strip() and not line.startswith("#")]
     assert prose, f"{name}: no sentence saying what the page is for before its first section"
     assert re.search(r"^```(bash|python)\n", opening, flags=re.M), f"{name}: no commands before its first section"
+
+
+# names written in lower case that may open a paragraph
+LOWER_CASE_NAMES = ("llm-compressor", "vLLM", "vllm-neuron", "transformers", "torchrun", "huggingface_hub")
+
+
+@pytest.mark.parametrize("name", documents.pages())
+def test_every_section_opens_with_a_whole_sentence(name: str) -> None:
+    """A section's first paragraph starts a sentence (a capital, a code span, a link or a list),
+    never mid-sentence as a bullet's "**Safety:** one expert per lane …" did once moved under a
+    heading; a name written in lower case may open it."""
+    lines = documents.page(name).splitlines()
+    prose = dict(documents.prose_lines(documents.page(name)))
+    broken = []
+    for heading in documents.headings(documents.page(name)):
+        first = next((lines[n] for n in range(heading.line + 1, len(lines)) if lines[n].strip()), "")
+        if heading.line + 1 in prose and first[:1].islower() and not first.startswith(LOWER_CASE_NAMES):
+            broken.append(f"{heading.title!r}: {first[:60]}")
+    assert not broken, f"{name}: sections that start mid-sentence: {broken}"
+
+
+def _bench_presharded() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_presharded", documents.REPO / "scripts" / "bench_presharded.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_presharded_page_states_the_size_the_script_derives(tmp_path: Path) -> None:
+    """docs/benchmarks.md's 120b rank files — their size and the manifest time computed for them —
+    are what ``scripts/bench_presharded.py`` derives from the per-rank shapes and writes (no size
+    typed into the script: a typed 118 GB once disagreed with the 64 × 2.02 GB it wrote)."""
+    from nxdi_gptoss_fp8.units import format_bytes
+
+    bench: Any = _bench_presharded()
+    tensors = bench.rank_tensors()
+    total = bench.rank_set_bytes(tensors)
+    assert bench.write_sparse_rank(str(tmp_path / "rank.safetensors"), tensors) * bench.TP == total  # sparse: no disk
+    text = documents.section("docs/benchmarks.md", "Pre-sharded weights")
+    per_rank = re.search(r"(\d+) sparse rank files of ([\d.]+ [kMGT]?B), (\d+) tensors", text)
+    assert per_rank is not None, text
+    assert (int(per_rank[1]), per_rank[2], int(per_rank[3])) == (bench.TP, format_bytes(total / bench.TP), len(tensors))
+    stated = re.search(r"(\d+ [kMGT]?B): the script derives.*?≈ (\d+) s at this rate", text, flags=re.S)
+    rate = re.search(r"\| manifest at compile [^|]*\| ([\d.]+) GB/s \|", text)
+    assert stated is not None and rate is not None, text
+    assert stated[1] == format_bytes(total) and int(stated[2]) == round(total / (float(rate[1]) * 1e9))
+    source = (documents.REPO / "scripts" / "bench_presharded.py").read_text(encoding="utf-8")
+    assert re.findall(r"\b(?!1e9\b)\d+(?:\.\d+)?e9\b", source) == [], "a byte count typed into the script"

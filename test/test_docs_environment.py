@@ -1,10 +1,11 @@
 """docs/environment-variables.md names every environment variable the package reads, found in the
 source with ``ast`` (``os.environ``, ``os.getenv``, an ``environ``/``env`` mapping, the package's
-switch parser), and states the on/off grammar the parser accepts."""
+switch parser; a variable named by a loop over a constant collection), and states the on/off grammar the parser accepts."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,34 @@ def string_constants(trees: list[tuple[Path, ast.Module]]) -> dict[str, set[str]
     return found
 
 
+def collection_constants(trees: list[tuple[Path, ast.Module]]) -> dict[str, set[str]]:
+    """Every module-level ``NAME = {"A": ..., ...}`` or ``NAME = ("A", ...)`` of strings, by name: what a
+    loop over it (``for var in NAME``) binds its variable to."""
+    found: dict[str, set[str]] = {}
+    for _, tree in trees:
+        for node in tree.body:
+            if not isinstance(node, ast.Assign) or len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
+                continue
+            value = node.value
+            items = value.keys if isinstance(value, ast.Dict) else \
+                value.elts if isinstance(value, ast.Tuple | ast.List | ast.Set) else []
+            strings = {item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str)}
+            if items and len(strings) == len(items):
+                found.setdefault(node.targets[0].id, set()).update(strings)
+    return found
+
+
+def loop_variables(tree: ast.Module, collections: dict[str, set[str]]) -> dict[str, set[str]]:
+    """In one module, each ``for var in NAME`` (a loop or a comprehension) over a collection of
+    strings: ``var`` → those strings."""
+    bound: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For | ast.comprehension) and isinstance(node.target, ast.Name) \
+                and isinstance(node.iter, ast.Name) and node.iter.id in collections:
+            bound.setdefault(node.target.id, set()).update(collections[node.iter.id])
+    return bound
+
+
 def is_environ(node: ast.expr) -> bool:
     """``os.environ``, or a mapping named ``environ`` / ``env``."""
     if isinstance(node, ast.Attribute):
@@ -61,6 +90,7 @@ def read_variables() -> dict[str, set[str]]:
     """Variable → the modules that read (or set) it."""
     trees = modules()
     constants = string_constants(trees)
+    collections = collection_constants(trees)
     found: dict[str, set[str]] = {}
 
     def arguments(tree: ast.Module) -> Iterator[ast.expr]:
@@ -79,8 +109,9 @@ def read_variables() -> dict[str, set[str]]:
                 yield node.left
 
     for path, tree in trees:
+        known = {**constants, **loop_variables(tree, collections)}  # a loop variable: what its loop binds
         for argument in arguments(tree):
-            for name in names_of(argument, constants):
+            for name in names_of(argument, known):
                 found.setdefault(name, set()).add(str(path.relative_to(documents.REPO)))
     return found
 
@@ -89,7 +120,7 @@ def test_the_scan_finds_the_variables_it_must() -> None:
     found = read_variables()
     assert {"CHECKPOINT_FORMAT", "NXDI_GPTOSS_FP8_ALLOW_CUSTOM_MODEL", "NXDI_GPTOSS_FP8_VERIFY_AT_LOAD",
             "NXDI_GPTOSS_FP8_LOAD_MODE", "NXDI_GPTOSS_FP8_DEBUG", "NEURON_COMPILED_ARTIFACTS",
-            "TIKTOKEN_ENCODINGS_BASE", "HF_HUB_OFFLINE", "WORLD_SIZE"} <= set(found)
+            "TIKTOKEN_ENCODINGS_BASE", "HF_HUB_OFFLINE", "WORLD_SIZE", "NXDI_SRC", "NXD_SRC"} <= set(found)
 
 
 def test_every_variable_the_package_reads_is_on_the_page() -> None:
@@ -103,3 +134,16 @@ def test_the_page_states_the_switch_grammar_the_parser_accepts() -> None:
     for word in (*SWITCH_ON, *SWITCH_OFF[:-1]):
         assert f"`{word}`" in grammar, word
     assert "empty" in grammar and "refused" in grammar
+
+
+def test_the_page_never_says_the_package_does_not_read_a_variable_it_reads() -> None:
+    """A paragraph or table row that says the package "never reads" (or "does not read") names no
+    variable the scan finds the package reading (``NXDI_SRC``/``NXD_SRC`` are read by ``selfcheck``)."""
+    read = read_variables()
+    denials = re.compile(r"never reads?|does not read|only the tests read|not read by the package")
+    wrong = {}
+    for part in re.split(r"\n\s*\n|\n(?=\|)", documents.page(PAGE)):
+        named = sorted(name for name in read if f"`{name}`" in part)
+        if denials.search(part) and named:
+            wrong[part.strip()[:120]] = named
+    assert not wrong, f"{PAGE} says the package does not read what it reads: {wrong}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -206,6 +207,16 @@ def test_goldens_file_has_what_nxdis_demo_reads(made: dict[str, Path], tmp_path:
     assert torch.equal(torch.stack(again.scores), scores)
 
 
+@pytest.mark.parametrize(("num_tokens", "generated"), [(1, "1 token generated"), (2, "2 tokens generated")])
+def test_goldens_report_counts_tokens_in_words(made: dict[str, Path], tmp_path: Path, num_tokens: int,
+                                               generated: str) -> None:
+    report = make_goldens(made[f"{SOURCE_MXFP4}-fp8"], "dequantized", prompt=prompt_of([5]), num_tokens=num_tokens,
+                          output=tmp_path / "g.pt", allow_custom_model=True)
+    text = report.render_text()
+    assert f"prompt     {len(report.input_ids)} token" in text and f"; {generated} greedily" in text, text
+    assert re.search(r"(?<![\d,])1 tokens", text) is None, text
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop(fmt.REFERENCE_ENV, None)
@@ -224,11 +235,30 @@ def test_goldens_cli_json(made: dict[str, Path], tmp_path: Path) -> None:
     assert "needs about" in done.stderr  # the memory, stated before building
 
 
+@pytest.mark.parametrize(("output", "message"), [("{tmp}", "is a directory"), ("{tmp}/missing/g.pt", "does not exist"),
+                                                ("{tmp}/file/g.pt", "does not exist")],
+                         ids=["a-directory", "missing-parent", "parent-is-a-file"])
+def test_goldens_output_path_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], output: str,
+                                              message: str) -> None:
+    """An --output that cannot be the file is a path error: exit 2, kind ``usage``, before any
+    reference is built (the checkpoint here is an empty directory, never read)."""
+    from nxdi_gptoss_fp8.cli import main
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "file").write_text("not a directory")
+    code = main(["goldens", str(tmp_path / "ckpt"), "--reference", "dequantized", "--prompt", "x", "--num-tokens", "1",
+                 "--output", output.format(tmp=tmp_path), "--json"])
+    captured = capsys.readouterr()
+    error = json.loads(captured.out)["error"]
+    assert code == 2 and error["kind"] == "usage" and message in error["message"], captured
+    assert len(captured.err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize(("args", "code", "message"), [
     (["--reference", "dequantised"], 2, "dequantised does not exist"),
     (["--reference", "dequantized", "--num-tokens", "0"], 2, "at least 1"),
-    (["--reference", "dequantized", "--output", "{tmp}"], 1, "is a directory"),
-    (["--reference", "dequantized", "--output", "{tmp}/missing/g.pt"], 1, "does not exist"),
+    (["--reference", "dequantized", "--output", "{tmp}"], 2, "is a directory"),
+    (["--reference", "dequantized", "--output", "{tmp}/missing/g.pt"], 2, "does not exist"),
     (["--reference", "dequantized", "--tokenizer", "{tmp}"], 1, "holds no tokenizer"),
     (["--reference", "{other}"], 1, "records that it was converted from"),
     (["--reference", "{ct}"], 1, "compressed-tensors"),

@@ -5,6 +5,7 @@ the real ones do; the command prints one line and exits 2, never a traceback."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -58,3 +59,36 @@ def test_selfcheck_with_nxdi_importable_only_in_part_is_one_line(tmp_path: Path,
         assert result["error"]["kind"] == "missing_dependency"
     else:
         assert done.stdout == ""
+
+
+CPU_ROUTE = "docs/model-checks.md#where-selfcheck-and-check-forward-run"
+STANDIN_SITE = ROOT / "test" / "support" / "nxdi_standin" / "cpu_site"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("neuronx_distributed_inference") is not None, reason="NxDI is installed here")
+@pytest.mark.parametrize(("setting", "said"), [
+    ("no-sources", "which were not loaded here"),
+    ("outside-the-clone", "name source checkouts, but the Neuron stand-ins were not loaded"),
+    ("src-folders", "the Neuron stand-ins were not loaded"),
+    ("src-folders-with-stand-ins", "the Neuron stand-ins were loaded"),
+])
+def test_selfcheck_on_a_cpu_host_points_at_the_cpu_route(tmp_path: Path, setting: str, said: str) -> None:
+    """NxDI not importable on a CPU host: the one line names the CPU route of docs/model-checks.md
+    and whether the stand-ins were loaded — also when NXDI_SRC/NXD_SRC are right but the route's
+    relative PYTHONPATH was used outside the clone, where it finds no stand-ins."""
+    for repo, package in (("nxdi", "neuronx_distributed_inference"), ("nxd", "neuronx_distributed")):
+        (tmp_path / repo / "src" / package).mkdir(parents=True)  # a checkout's layout; never imported here
+    env = {key: value for key, value in os.environ.items() if key not in ("NXDI_SRC", "NXD_SRC")}
+    env["PYTHONPATH"] = str(ROOT)
+    if setting != "no-sources":
+        src = setting.startswith("src-folders")
+        env.update(NXDI_SRC=str(tmp_path / "nxdi" / ("src" if src else "")), NXD_SRC=str(tmp_path / "nxd" / ("src" if src else "")))
+    if setting == "outside-the-clone":  # the route's command as written, run from another directory
+        env["PYTHONPATH"] = os.pathsep.join(["test/support/nxdi_standin/cpu_site", str(ROOT)])
+    if setting == "src-folders-with-stand-ins":
+        env["PYTHONPATH"] = os.pathsep.join([str(STANDIN_SITE), str(ROOT)])
+    done = subprocess.run([sys.executable, "-m", "nxdi_gptoss_fp8.cli", "selfcheck"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120, check=False)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert CPU_ROUTE in done.stderr and said in done.stderr, done.stderr

@@ -57,22 +57,26 @@ def test_parse_size_bounds(text: str | int, message: str) -> None:
 ])
 def test_printable_escapes_what_a_terminal_acts_on(text: str, shown: str) -> None:
     assert printable(text) == shown and printable(text).isprintable()
-COUNTED = ("error", "warning", "tensor", "shard", "layer", "rank")
-# a count written straight before its noun in an f-string: "{n} errors" reads "1 errors" for one
-_BARE_COUNT = re.compile(r"\{(?P<expr>[^{}/]+)\} (?P<noun>" + "|".join(COUNTED) + r")s\b")
+COUNTED = ("errors", "warnings", "tensors", "shards", "layers", "ranks", "files", "tokens", "experts", "entries",
+           "bytes", "values", "steps", "parameters", "weights", "violations", "workers", "keys", "casts", "items")
+# a count written before its noun in an f-string, straight or after one word ("{n} rank files",
+# "{n} teacher-forced steps"): "{n} files" reads "1 files" for one
+_BARE_COUNT = re.compile(r"\{(?P<expr>[^{}/]+)\} (?:[\w-]+ )?(?P<noun>" + "|".join(COUNTED) + r")\b")
 
 
 def test_every_count_of_these_nouns_goes_through_plural() -> None:
     """The one place counts are rendered is ``plural``: no message in the package writes
     "{n} errors" itself (which reads "1 errors"). A count after a slash ("3/36 layers", the
-    progress descriptions), a bound that is never 1 and a joined list of codes are not counts."""
+    progress descriptions), a bound that is never 1, a joined list of codes, a name and a repr are
+    not counts."""
     root = Path(units.__file__).resolve().parent
     bare = []
     for path in sorted(root.rglob("*.py")):
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for match in _BARE_COUNT.finditer(line):
                 expr = match.group("expr")
-                if not expr.startswith(("MAX_", "tensors:,")) and "join(" not in expr and f"/{{{expr}}}" not in line:
+                if not expr.startswith(("MAX_", "tensors:,")) and not expr.endswith(("name", "!r")) \
+                        and "join(" not in expr and f"/{{{expr}}}" not in line:
                     bare.append(f"{path.relative_to(root)}:{number}: {match.group(0)}")
     assert bare == []
 

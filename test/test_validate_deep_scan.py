@@ -139,7 +139,7 @@ def test_counts_and_first_coordinates(tiny_checkpoint: Path) -> None:
     report = deep(tiny_checkpoint)
     messages = {f.key: f.message for f in report.errors}
     assert "has 3 FP8 values" in messages[GATE_UP_W] and "first at [1, 60, 126] = 0xFE" in messages[GATE_UP_W]
-    assert "has 1 FP8 values" in messages[DOWN_W] and "first at [0, 0, 0] = 0x7F" in messages[DOWN_W]
+    assert "has 1 FP8 value with" in messages[DOWN_W] and "first at [0, 0, 0] = 0x7F" in messages[DOWN_W]
 
 
 PADDING_CASES = [
@@ -171,7 +171,7 @@ def test_nonzero_padding_is_found_with_its_coordinates(padded: Path, case: str, 
     report = deep(padded)
     found = [f for f in report.errors if f.code == "values.nonzero_padding"]
     assert [f.key for f in found] == [key], report.render_text()
-    assert "has 1 non-zero values in its padding" in found[0].message
+    assert "has 1 non-zero value in its padding" in found[0].message
     assert f"first at {list(coords)}" in found[0].message
 
 
@@ -286,7 +286,7 @@ def test_non_finite_bf16_values_are_found(tiny_checkpoint: Path, key: str, value
     poke(tiny_checkpoint, key, (0,) * rank, struct.pack("<H", value))
     report = deep(tiny_checkpoint)
     (finding,) = [f for f in report.errors if f.code == "values.non_finite"]
-    assert finding.key == key and "has 1 non-finite BF16 values (±inf or NaN); first at [0" in finding.message
+    assert finding.key == key and "has 1 non-finite BF16 value (±inf or NaN); first at [0" in finding.message
     assert f"= 0x{value:04X}" in finding.message
 
 

@@ -4,7 +4,8 @@ A thin face over the library: each command parses its arguments, calls one libra
 and renders the result. Data goes to stdout, messages to stderr. Exit codes: 0 success /
 valid, 1 findings or a failed check, 2 usage error, unreadable input or a missing optional
 dependency (torch, numpy, NxDI) or a setting that cannot be read. Known errors print one line;
-set NXDI_GPTOSS_FP8_DEBUG=1 for tracebacks. A closed stdout (``| head``) ends the command quietly.
+NXDI_GPTOSS_FP8_DEBUG=1 prints each one's traceback (its whole chain) before that line, the exit
+status unchanged. A closed stdout (``| head``) ends the command quietly.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from ..deps import OPTIONAL, missing
 from ..errors import ConfigError, HubAccessError, MissingDependencyError, NxdiGptossFp8Error
 from ..units import printable
 from ..validate.nxdi_config import switch_from_env
-from ._errors import NOTHING_WRITTEN, UsageError, interrupt_signals, interrupted_message, report_failure
+from ._errors import (
+    NOTHING_WRITTEN,
+    UsageError,
+    interrupt_signals,
+    interrupted_message,
+    print_traceback,
+    report_failure,
+)
 from ._help import CommandParser, Example
 from ._output import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
 from .check_forward import add_check_forward_command
@@ -99,7 +107,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "nxdi-gptoss-fp8") -> in
             stream.reconfigure(errors="backslashreplace")
     as_json = bool(getattr(args, "json", False))
 
+    debug = False
+
     def fail(kind: str, message: str, code: int, exc: BaseException) -> int:
+        if debug:  # the traceback first; the one line, the JSON document and the exit status stay as they are
+            print_traceback(exc)
         return report_failure(args.command, kind, message, code, as_json=as_json, error_type=type(exc).__name__,
                               details=getattr(exc, "details", None))
 
@@ -124,7 +136,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "nxdi-gptoss-fp8") -> in
     except ConfigError as exc:  # a setting
         return fail("config", str(exc), EXIT_USAGE, exc)
     except ModuleNotFoundError as exc:  # an optional package that a lazy import needed
-        if debug or (exc.name or "").split(".")[0] not in OPTIONAL:
+        if (exc.name or "").split(".")[0] not in OPTIONAL:
             raise
         return fail("missing_dependency", str(missing(exc.name or "")), EXIT_USAGE, exc)
     except HubAccessError as exc:  # the Hub could not be read: nothing was judged
@@ -132,17 +144,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "nxdi-gptoss-fp8") -> in
             raise
         return fail("hub", str(exc), EXIT_USAGE, exc)
     except NxdiGptossFp8Error as exc:
-        if debug:
-            raise
         return fail("refused", str(exc), EXIT_FINDINGS, exc)
     except OSError as exc:
-        if debug:
-            raise
         where = f" {exc.filename}" if exc.filename else ""
         return fail("io", f"cannot access{where}: {exc.strerror or exc}", EXIT_USAGE, exc)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (Terminated): every with-block has unwound
         message, code = interrupted_message(exc, getattr(args, "interrupted", NOTHING_WRITTEN))
         with contextlib.suppress(OSError, ValueError):
+            if debug:
+                print_traceback(exc)
             return report_failure(args.command, "interrupted", message, code, as_json=as_json,
                                   error_type="Interrupted")
         return code

@@ -15,7 +15,9 @@ error), ``hub`` (a Hub repo that could not be read: unreachable, refused, not fo
 offline), ``interrupted``. ``message`` is the stderr line without its ``nxdi-gptoss-fp8 COMMAND:``
 prefix, both escaped alike (``printable``: a line break or a non-UTF-8 byte in a path never
 splits or garbles the one line). A command's own result with ``ok`` false (findings, a failed
-verification) is not a failure: it is printed as that command's report.
+verification) is not a failure: it is printed as that command's report. With
+``NXDI_GPTOSS_FP8_DEBUG`` on, the error's traceback (``print_traceback``) comes before the line;
+nothing else changes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import contextlib
 import signal
 import sys
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -32,7 +35,8 @@ from ._output import emit
 
 __all__ = [
     "ERROR_KINDS", "EXIT_INTERRUPTED", "NOTHING_WRITTEN", "PARTIAL_OUTPUT_REMOVED", "PROG", "JsonAwareParser",
-    "Terminated", "UsageError", "error_document", "interrupt_signals", "interrupted_message", "report_failure",
+    "Terminated", "UsageError", "error_document", "interrupt_signals", "interrupted_message", "print_traceback",
+    "report_failure",
     "signal_of", "usage_error", "wants_json",
 ]
 
@@ -110,6 +114,22 @@ def report_failure(command: str | None, kind: str, message: str, exit_code: int,
     message = printable(message)
     return emit(error_document(command, kind, message, exit_code, error_type, details), f"{prefix}: {message}",
                 as_json=as_json, exit_code=exit_code, failure=True)
+
+
+def print_traceback(exc: BaseException) -> None:
+    """``exc``'s traceback on stderr (``NXDI_GPTOSS_FP8_DEBUG``), with the whole chain: a library
+    error the command re-raised as its own (``raise UsageError(...) from None``) shows where it
+    was first raised too."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if link.__suppress_context__ and link.__cause__ is None:
+            link.__cause__ = link.__context__  # shown as the direct cause it is
+        link = link.__cause__ or link.__context__
+    traceback.print_exception(exc, file=sys.stderr)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
 
 
 class JsonAwareParser(argparse.ArgumentParser):

@@ -38,8 +38,13 @@ def _cmd_goldens(args: argparse.Namespace) -> int:
     if args.num_tokens < 1 or args.batch_size < 1:
         raise UsageError(f"--num-tokens and --batch-size must be at least 1, not {args.num_tokens} and {args.batch_size}")
     _needs("goldens", "torch", "transformers")
-    from ..errors import CpuModelError
-    from ..forward.goldens import make_goldens
+    from ..errors import ConversionError, CpuModelError
+    from ..forward.goldens import check_output, make_goldens
+
+    try:  # an output path that cannot be written is a path error (exit 2), not a refused checkpoint
+        check_output(args.output)
+    except ConversionError as exc:
+        raise UsageError(str(exc)) from None
 
     reference = fmt.REFERENCE_DEQUANTIZED if args.reference.strip().lower() == fmt.REFERENCE_DEQUANTIZED else args.reference
     try:

@@ -222,7 +222,7 @@ then zero-copy loading, with no conversion at load time.
 | converter | nxdi-gptoss-fp8 {__version__} (`nxdi-gptoss-fp8 convert`) |
 | padding | {padding} |{_target_row(report.target)}
 | exactness | {report.exactness_text()} |
-| tensors | {plural(report.tensors, 'tensor')}, {report.bytes_written:,} bytes ({report.fp8_bytes:,} FP8) |
+| tensors | {plural(report.tensors, 'tensor')}, {plural(report.bytes_written, 'byte')} ({report.fp8_bytes:,} FP8) |
 | companion files | {companions_text} |
 
 ## Load it with NxDI

@@ -121,10 +121,10 @@ class ConversionReport:
         flushed = self.flushed_to_zero
         if self.requantized:
             text = (f"quantized afresh from BF16 with per-channel amax/240 scales: worst relative error "
-                    f"{self.max_rel_error:.3g} over {self.fp8_values:,} expert values")
-            return text + (f"; {flushed:,} small values flushed to zero" if flushed else "")
+                    f"{self.max_rel_error:.3g} over {plural(self.fp8_values, 'expert value')}")
+            return text + (f"; {plural(flushed, 'small value')} flushed to zero" if flushed else "")
         rounded = self.inexact_values - flushed
-        text = f"{self.fp8_values - self.inexact_values:,} of {self.fp8_values:,} expert values exact"
+        text = f"{self.fp8_values - self.inexact_values:,} of {plural(self.fp8_values, 'expert value')} exact"
         if rounded:
             text += f"; {rounded:,} rounded (worst relative error {self.max_rel_error:.3g})"
         if flushed:
@@ -148,7 +148,7 @@ class ConversionReport:
             f"  profile {self.profile}, {plural(self.layers, 'layer')}, H'={self.padded_hidden_size}, "
             f"I'={self.padded_intermediate_size}, {plural(self.tensors, 'tensor')}"
             + (f", target {self.target}" if self.target else ""),
-            f"  {plural(self.files, 'file')}, {format_bytes(self.files_bytes)} ({self.files_bytes:,} bytes) written: "
+            f"  {plural(self.files, 'file')}, {format_bytes(self.files_bytes)} ({plural(self.files_bytes, 'byte')}) written: "
             f"{format_bytes(self.bytes_written)} of tensor data ({format_bytes(self.fp8_bytes)} FP8), in "
             f"{self.elapsed_s:.1f} s ({rate:.0f} MB/s FP8)",
         ]
@@ -160,7 +160,7 @@ class ConversionReport:
             lines += [f"    {s.name}: {_inexact_text(s)}" for s in worst]
         else:
             lines.append(f"  amax/240 scaling: worst relative error {self.max_rel_error:.3g} over "
-                         f"{self.fp8_values} expert values (per tensor below)")
+                         f"{plural(self.fp8_values, 'expert value')} (per tensor below)")
             lines += [f"    {s.name}: max {s.max_rel_error:.3g}, mean {s.mean_rel_error or 0.0:.3g}"
                       + (f", {s.flushed_to_zero} flushed to zero" if s.flushed_to_zero else "")
                       for s in self.experts[:limit]]

@@ -162,7 +162,7 @@ def plan_writer(source_config: Mapping[str, Any], dims: fmt.ModelDims, out: str 
         raise ConversionError("; ".join(problems))
     total = fmt.expected_total_size(layout)
     if total > fmt.MAX_BYTE_COUNT:
-        raise ConversionError(f"the output would hold {total:,} bytes, beyond the format's 2^53: use smaller padded sizes")
+        raise ConversionError(f"the output would hold {plural(total, 'byte')}, beyond the format's 2^53: use smaller padded sizes")
     try:
         shard_bytes = parse_size(max_shard_size)
     except ValueError as exc:

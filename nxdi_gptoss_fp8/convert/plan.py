@@ -105,7 +105,7 @@ class ConversionPlan:
 
     @property
     def problems(self) -> list[str]:
-        found = [f"{check.what} needs {format_bytes(check.needed)} ({check.needed:,} bytes) on the filesystem "
+        found = [f"{check.what} needs {format_bytes(check.needed)} ({plural(check.needed, 'byte')}) on the filesystem "
                  f"holding {check.path}, which has {format_bytes(check.free)} free" for check in self.space if check.short]
         if self.memory_total is not None and self.peak_memory > self.memory_total:
             found.append(f"expected peak memory {format_bytes(self.peak_memory)} exceeds this machine's "
@@ -146,12 +146,12 @@ class ConversionPlan:
         written = [*self.shards, *self.files]
         bound = "" if all(f.exact for f in written) else "at most "
         lines.append(f"  write: {plural(len(written), 'file')} ({plural(len(self.shards), 'shard')}), {bound}"
-                     f"{format_bytes(self.write_bytes)} ({self.write_bytes:,} bytes) in all, in {self.written_in}"
-                     + (f" (replacing {len(self.replaces)} entries of an earlier output)" if self.replaces else ""))
+                     f"{format_bytes(self.write_bytes)} ({plural(self.write_bytes, 'byte')}) in all, in {self.written_in}"
+                     + (f" (replacing {plural(len(self.replaces), 'entry', 'entries')} of an earlier output)" if self.replaces else ""))
         lines += [f"    {f.name}: {'' if f.exact else 'at most '}{format_bytes(f.bytes or 0)}" for f in written]
         for check in self.space:
-            lines.append(f"  free space: {format_bytes(check.free)} ({check.free:,} bytes) on the filesystem holding "
-                         f"{check.path}; {check.what} needs {format_bytes(check.needed)} ({check.needed:,} bytes) "
+            lines.append(f"  free space: {format_bytes(check.free)} ({plural(check.free, 'byte')}) on the filesystem holding "
+                         f"{check.path}; {check.what} needs {format_bytes(check.needed)} ({plural(check.needed, 'byte')}) "
                          f"on disk{' — SHORT' if check.short else ''}")
         memory = f" of {format_bytes(self.memory_total)}" if self.memory_total else ""
         lines.append(f"  expected peak memory: {format_bytes(self.peak_memory)}{memory} (an upper estimate)")

@@ -219,7 +219,7 @@ def read_json(path: str, what: str) -> Any:
         if exc.not_read:  # a NotRegularFileError's message says what the path is
             raise ConversionError(f"cannot read {path}: {getattr(exc.cause, 'strerror', None) or exc.cause}") from None
         if exc.oversized:
-            raise ConversionError(f"{path} is larger than {exc.limit:,} bytes, too large for a GPT-OSS {what}: "
+            raise ConversionError(f"{path} is larger than {plural(exc.limit, 'byte')}, too large for a GPT-OSS {what}: "
                                   "re-download the file") from None
         raise ConversionError(f"{path} is not valid JSON ({exc.cause}): re-download the file") from None
 
@@ -244,7 +244,7 @@ def listing(root: str) -> str:
     except OSError:
         return "nothing readable"
     shown = ", ".join(e + ("/" if os.path.isdir(os.path.join(root, e)) else "") for e in entries[:12])
-    return (shown + (f", … ({len(entries)} entries)" if len(entries) > 12 else "")) or "an empty directory"
+    return (shown + (f", … ({plural(len(entries), 'entry', 'entries')})" if len(entries) > 12 else "")) or "an empty directory"
 
 
 def shard_files(root: str) -> dict[str, str]:

@@ -34,6 +34,7 @@ from .. import format as fmt
 from ..errors import ConversionError
 from ..hub import is_repo_id
 from ..progress import Progress
+from ..units import plural
 from ..validate.pipeline import preflight
 from . import (
     KINDS,
@@ -443,8 +444,8 @@ def verify_conversion(out: str | os.PathLike[str], source: str | os.PathLike[str
         inexact_total = sum(verdict.inexact for verdict in verdicts)
     if (src.kind != SOURCE_BF16 and isinstance(exactness, dict)
             and exactness.get("inexact_values") != inexact_total):
-        report.note(f"the converter recorded {exactness.get('inexact_values')} inexact values in the index, "
-                    f"verification found {inexact_total}")
+        report.note(f"the converter recorded inexact_values={exactness.get('inexact_values')!r} in the index, "
+                    f"verification found {plural(inexact_total, 'inexact value')}")
     if hint and not report.ok:
         report.problems.insert(0, hint)
     return report

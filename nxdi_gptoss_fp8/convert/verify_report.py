@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..units import plural
 from .verify_values import BOUND_TEXT
 
 __all__ = ["MAX_PROBLEMS", "LayerRow", "VerificationReport"]
@@ -79,5 +80,5 @@ class VerificationReport:
         hidden = self.violations - len(self.problems)
         if not self.ok and hidden > 0:
             lines.append(f"  … and {hidden} more violating values or tensors")
-        lines.append("OK: every value within its bound" if self.ok else f"FAILED: {self.violations} violations")
+        lines.append("OK: every value within its bound" if self.ok else f"FAILED: {plural(self.violations, 'violation')}")
         return "\n".join(lines)

@@ -81,8 +81,8 @@ class ForwardCheckReport:
                     f"check-forward: FAIL: the preflight refused {self.checkpoint}; no model was built")
         lines = [f"check-forward {self.checkpoint}",
                  f"  reference: transformers GptOssForCausalLM on {self.source} ({self.source_format}), float32",
-                 f"  first {plural(self.layers, 'layer')}, {len(self.tokens)} tokens: context pass over {self.context}, "
-                 f"{len(self.tokens) - self.context} teacher-forced steps"]
+                 f"  first {plural(self.layers, 'layer')}, {plural(len(self.tokens), 'token')}: context pass over {self.context}, "
+                 f"{plural(len(self.tokens) - self.context, 'teacher-forced step')}"]
         if self.memory is not None:
             lines.append(f"  memory: {self.memory.render()}")
         if self.neuron_config_changed:

@@ -38,11 +38,13 @@ from .. import format as fmt
 from ..deps import importable, module_version
 from ..errors import CpuModelError, CpuModelUnavailableError
 from ..safeio.json_file import read_json_file
+from ..units import plural
 
 __all__ = [
-    "CPU_EXTRA", "MODELING", "NEURON_ONLY_ROOTS", "NXD", "NXDI", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED", "SOURCE_ROOTS",
-    "TOOL_ERROR_LINES", "TORCHRUN_TIMEOUT_S", "ForwardPlan", "NxdiCpuAdaptations", "RunSpec", "cpu_application", "environment",
-    "fixed_plan", "import_failure", "neuron_settings", "require_nxdi", "run_forward", "run_forwards", "source_roots_problem",
+    "CPU_EXTRA", "CPU_ROUTE", "MODELING", "NEURON_ONLY_ROOTS", "NXD", "NXDI", "ROUTE_HF", "ROUTE_LEGACY", "ROUTE_NORMALIZED",
+    "SOURCE_ROOTS", "STANDIN_PYTHONPATH", "TOOL_ERROR_LINES", "TORCHRUN_TIMEOUT_S", "ForwardPlan", "NxdiCpuAdaptations",
+    "RunSpec", "cpu_application", "cpu_route_advice", "environment", "fixed_plan", "import_failure", "neuron_settings",
+    "require_nxdi", "run_forward", "run_forwards", "source_roots_problem", "standins_loaded",
 ]
 
 NXDI = "neuronx_distributed_inference"
@@ -69,7 +71,7 @@ class ForwardPlan:
 
     def __post_init__(self) -> None:
         if not 1 <= self.context < len(self.tokens):
-            raise ValueError(f"context {self.context} must be at least 1 and below the {len(self.tokens)} tokens")
+            raise ValueError(f"context {self.context} must be at least 1 and below the {plural(len(self.tokens), 'token')}")
 
     @property
     def positions(self) -> range:
@@ -85,7 +87,7 @@ def fixed_plan(vocab_size: int, tokens: int = 12, steps: int = 6, *, seed: int =
     """A deterministic token sequence (no tokenizer): ``tokens`` ids below ``vocab_size``,
     the last ``steps`` of them teacher-forced one at a time."""
     if tokens < 2 or not 1 <= steps < tokens:
-        raise ValueError(f"need at least 2 tokens and 1 <= steps < tokens (got {tokens} tokens, {steps} steps)")
+        raise ValueError(f"need at least 2 tokens and 1 <= steps < tokens (got {plural(tokens, 'token')}, {plural(steps, 'step')})")
     state, ids = 0x9E3779B9 ^ seed, []
     for _ in range(tokens):
         state = (state * 1103515245 + 12345) % (1 << 31)
@@ -117,9 +119,8 @@ def require_nxdi() -> None:
     """
     missing = [name for name in (NXDI, NXD) if not importable(name)]
     if missing:
-        raise CpuModelUnavailableError(f"needs NxDI: {', '.join(missing)} cannot be imported here; " + (
-            source_roots_problem(os.environ) or "run this where neuronx-distributed-inference is installed "
-            "(its CPU mode needs no Neuron device)"))
+        raise CpuModelUnavailableError(f"needs NxDI: {', '.join(missing)} cannot be imported here; "
+                                       f"{cpu_route_advice(os.environ)}")
     if not importable("transformers"):
         raise CpuModelUnavailableError("needs transformers (the reference model): pip install 'nxdi-gptoss-fp8[forward]'")
     try:
@@ -132,6 +133,34 @@ def require_nxdi() -> None:
 
 # the variables of the CPU route from source checkouts: variable -> (repository, package under src/)
 SOURCE_ROOTS = {"NXDI_SRC": ("neuronx-distributed-inference", NXDI), "NXD_SRC": ("neuronx-distributed", NXD)}
+# the CPU route (NxDI and NxD from source with the Neuron-only imports stood in) and what it puts on
+# PYTHONPATH, relative to this project's clone
+CPU_ROUTE = "docs/model-checks.md#where-selfcheck-and-check-forward-run"
+STANDIN_PYTHONPATH = "test/support/nxdi_standin/cpu_site:."
+_STANDIN_FINDER_MODULE = "nxdi_standin.neuron_stubs"  # the import finder the stand-ins install
+
+
+def standins_loaded() -> bool:
+    """Whether the CPU route's stand-ins for the Neuron-only imports are installed in this process."""
+    return any(type(finder).__module__.endswith(_STANDIN_FINDER_MODULE) for finder in sys.meta_path)
+
+
+def cpu_route_advice(environ: Mapping[str, str]) -> str:
+    """What to do when NxDI or NxD cannot be imported: where to run, or what of ``NXDI_SRC`` /
+    ``NXD_SRC`` is wrong; always the CPU route of docs/model-checks.md and whether its stand-ins
+    were loaded (a relative ``PYTHONPATH`` run outside the clone finds none)."""
+    loaded = "" if standins_loaded() else "not "
+    stand_ins = f"the Neuron stand-ins were {loaded}loaded"
+    problem = source_roots_problem(environ)
+    if problem is not None:
+        return f"{problem}; {stand_ins}"
+    if any(environ.get(var) for var in SOURCE_ROOTS):  # both name source checkouts
+        return (f"{' and '.join(SOURCE_ROOTS)} name source checkouts, but {stand_ins}: the CPU route's "
+                f"PYTHONPATH={STANDIN_PYTHONPATH} is relative to this project's clone, so run it from the clone's "
+                f"root ({CPU_ROUTE})")
+    return ("run this where neuronx-distributed-inference is installed (its CPU mode needs no Neuron device), or on a "
+            f"CPU host take the CPU route ({CPU_ROUTE}): NxDI and NxD source checkouts with this project's Neuron "
+            f"stand-ins, which were {loaded}loaded here")
 
 
 def source_roots_problem(environ: Mapping[str, str]) -> str | None:
@@ -147,8 +176,7 @@ def source_roots_problem(environ: Mapping[str, str]) -> str | None:
         return None
     roots = " and ".join(f"{var} the root of a {repo} checkout" for var, (repo, _) in SOURCE_ROOTS.items())
     return (f"{'; '.join(problems)}: for the CPU route set {roots} (the folders that hold src/, not src/ "
-            "itself) and run from this project's clone with PYTHONPATH=test/support/nxdi_standin/cpu_site:. "
-            "(docs/supported-environments.md)")
+            f"itself) and run from this project's clone with PYTHONPATH={STANDIN_PYTHONPATH} ({CPU_ROUTE})")
 
 
 def import_failure(exc: BaseException) -> str:
@@ -231,7 +259,7 @@ class NxdiCpuAdaptations:
         import torch.distributed as dist
 
         if self.under_torchrun and int(os.environ["WORLD_SIZE"]) != self.tp:
-            raise CpuModelError(f"torchrun started {os.environ['WORLD_SIZE']} workers for tp {self.tp}: start exactly tp")
+            raise CpuModelError(f"torchrun started {plural(int(os.environ['WORLD_SIZE']), 'worker')} for tp {self.tp}: start exactly tp")
         saved = os.environ.get("NXD_CPU_MODE")
         created = False
         if not dist.is_initialized():
@@ -442,12 +470,12 @@ def run_forwards(specs: Sequence[RunSpec], plan: ForwardPlan, *, tp: int = 1) ->
         try:
             done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=TORCHRUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise CpuModelError(f"NxDI's model did not finish in {TORCHRUN_TIMEOUT_S} s in the tp {tp} torchrun workers") from None
+            raise CpuModelError(f"NxDI's model did not finish in {TORCHRUN_TIMEOUT_S} s in the tp {plural(tp, 'torchrun worker')}") from None
         if done.returncode != 0 or not os.path.exists(out):
             lines = [line for line in (done.stderr or "").splitlines() if line.strip()]
             errors = [line for line in lines if "Error" in line or "error" in line] or lines
             tail = " | ".join(errors[-TOOL_ERROR_LINES:]) or f"exit status {done.returncode}"
-            raise CpuModelError(f"NxDI's model failed in the tp {tp} torchrun workers: {tail}")
+            raise CpuModelError(f"NxDI's model failed in the tp {plural(tp, 'torchrun worker')}: {tail}")
         return list(torch.load(out))
 
 

@@ -26,9 +26,10 @@ from typing import Any
 import torch
 
 from ..errors import ConversionError
+from ..units import plural
 from .hf_reference import ReferenceBuild, build_reference
 
-__all__ = ["GoldensReport", "expected_outputs", "generate_expected", "load_tokenizer", "make_goldens", "read_goldens"]
+__all__ = ["GoldensReport", "check_output", "expected_outputs", "generate_expected", "load_tokenizer", "make_goldens", "read_goldens"]
 
 
 @dataclass
@@ -60,7 +61,8 @@ class GoldensReport:
             f"goldens: {self.output}",
             f"  reference  {self.build.describe()}",
             f"  memory     {self.build.memory}",
-            f"  prompt     {len(self.input_ids)} tokens × batch {self.batch_size}; {self.num_tokens} tokens generated "
+            f"  prompt     {plural(len(self.input_ids), 'token')} × batch {self.batch_size}; "
+            f"{plural(self.num_tokens, 'token')} generated "
             f"greedily in {self.generate_s:.1f} s",
             f"  generated  {self.generated_text!r}",
             f"  use        inference_demo ... --expected-outputs-path {self.output} --check-accuracy-mode logit-matching "
@@ -112,7 +114,9 @@ def read_goldens(path: str | os.PathLike[str]) -> Any:
     return torch.load(os.fspath(path), weights_only=True)
 
 
-def _check_output(output: str) -> None:
+def check_output(output: str) -> None:
+    """``ConversionError`` when ``output`` cannot be the goldens file: a directory, or in a
+    directory that does not exist (checked before the reference is built; the CLI's exit 2)."""
     parent = os.path.dirname(os.path.abspath(output))
     if os.path.isdir(output):
         raise ConversionError(f"--output {output} is a directory: pass a file path, e.g. {os.path.join(output, 'goldens.pt')}")
@@ -137,7 +141,7 @@ def make_goldens(ckpt: str | os.PathLike[str], reference: str, *, prompt: str, n
     if num_tokens < 1 or batch_size < 1:
         raise ValueError(f"num_tokens and batch_size must be at least 1, not {num_tokens} and {batch_size}")
     ckpt, output = os.fspath(ckpt), os.fspath(output)
-    _check_output(output)
+    check_output(output)
     tokenize = load_tokenizer(tokenizer or ckpt)
     inputs = tokenize([prompt] * batch_size, padding=True, return_tensors="pt")
     build = build_reference(ckpt, reference, dtype=dtype, allow_custom_model=allow_custom_model, option="--reference",

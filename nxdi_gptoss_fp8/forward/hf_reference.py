@@ -30,7 +30,7 @@ import torch
 
 from .. import format as fmt
 from ..errors import ConversionError, CpuModelError
-from ..units import format_bytes
+from ..units import format_bytes, plural
 
 __all__ = ["REFERENCE_DTYPES", "ReferenceBuild", "build_reference", "dequantized_layer", "reference_dtype"]
 
@@ -90,7 +90,7 @@ def _fill(model: Any, state: Mapping[str, torch.Tensor]) -> None:
 def _finished(model: Any, what: str) -> Any:
     left = [name for name, value in model.named_parameters() if value.device.type == "meta"]
     if left:
-        raise CpuModelError(f"{what} gave no {left[0]} for the reference model ({len(left)} parameters missing)")
+        raise CpuModelError(f"{what} gave no {left[0]} for the reference model ({plural(len(left), 'parameter')} missing)")
     return model.eval()
 
 

@@ -124,7 +124,7 @@ class LayerExperts:
         """Move the held keys' tensors out of NxDI's loaded ``state_dict``."""
         missing = [key for key in self.held if key not in state_dict]
         if missing:
-            raise CpuModelError(f"NxDI's loader gave no {missing[0]} ({len(missing)} expert weights missing)")
+            raise CpuModelError(f"NxDI's loader gave no {missing[0]} ({plural(len(missing), 'expert weight')} missing)")
         for key, weight in self.held.items():
             weight.tensor = state_dict.pop(key)
 

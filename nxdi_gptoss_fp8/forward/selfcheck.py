@@ -76,9 +76,9 @@ class SelfcheckReport:
         for module, info in self.environment.items():
             lines.append(f"  {names.get(module, module):<13} {info['version']} at {info['path']}")
         m = self.model
-        lines.append(f"  model         tiny GPT-OSS: {plural(m['layers'], 'layer')}, {m['experts']} experts (top {m['top_k']}), "
-                     f"H {m['hidden_size']}, I {m['intermediate_size']}, vocab {m['vocab_size']}; {m['tokens']} tokens: "
-                     f"context {m['context']} + {m['tokens'] - m['context']} token steps")
+        lines.append(f"  model         tiny GPT-OSS: {plural(m['layers'], 'layer')}, {plural(m['experts'], 'expert')} (top {m['top_k']}), "
+                     f"H {m['hidden_size']}, I {m['intermediate_size']}, vocab {m['vocab_size']}; {plural(m['tokens'], 'token')}: "
+                     f"context {m['context']} + {plural(m['tokens'] - m['context'], 'token step')}")
         lines.append(f"  conversion    MXFP4 → FP8 {'exact' if self.conversion_exact else 'NOT exact'}")
         for c in self.comparisons:
             rule = "bit-identical" if c.bound == 0 else f"≤ {c.bound:g}"

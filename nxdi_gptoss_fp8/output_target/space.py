@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterable
 
 from ..errors import ConversionError
-from ..units import format_bytes
+from ..units import format_bytes, plural
 from .rule import OutputTarget
 
 __all__ = ["DIRECTORY_BLOCKS", "block_size", "check_space", "free_bytes", "space_needed"]
@@ -50,5 +50,5 @@ def check_space(target: OutputTarget, sizes: Iterable[int], out: str) -> None:
     free = free_bytes(where)
     if needed > free:
         raise ConversionError(
-            f"{out}: the output needs {format_bytes(needed)} ({needed:,} bytes) on disk but the filesystem holding "
-            f"{where} has {format_bytes(free)} ({free:,} bytes) free: free some space or choose another OUT")
+            f"{out}: the output needs {format_bytes(needed)} ({plural(needed, 'byte')}) on disk but the filesystem holding "
+            f"{where} has {format_bytes(free)} ({plural(free, 'byte')}) free: free some space or choose another OUT")

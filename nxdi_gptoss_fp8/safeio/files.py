@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ..errors import FileTooLargeError, NotRegularFileError
+from ..units import plural
 
 __all__ = ["FileIdentity", "file_kind", "not_regular_reason", "open_regular", "read_bounded", "write_atomically"]
 
@@ -58,7 +59,7 @@ class FileIdentity:
             changes.append(f"device/inode {before.device}/{before.inode} → {self.device}/{self.inode} (the file was replaced)")
         if self.size != before.size:
             what = "truncated" if self.size < before.size else "grown"
-            changes.append(f"size {before.size:,} → {self.size:,} bytes ({what})")
+            changes.append(f"size {before.size:,} → {plural(self.size, 'byte')} ({what})")
         if self.mtime_ns != before.mtime_ns:
             changes.append("modification time changed (rewritten in place)")
         if self.ctime_ns != before.ctime_ns:
@@ -136,7 +137,7 @@ def read_bounded(path: str | os.PathLike[str], limit: int, *,
     with open_regular(path) as handle:
         identity = FileIdentity.of(os.fstat(handle.fileno()))
         if identity.size > limit:
-            raise FileTooLargeError(f"{os.fspath(path)} is {identity.size:,} bytes, above the {limit:,}-byte limit",
+            raise FileTooLargeError(f"{os.fspath(path)} is {plural(identity.size, 'byte')}, above the {limit:,}-byte limit",
                                     size=identity.size, limit=limit, grew=False)
         raw = handle.read(limit + 1)
     if on_read is not None:

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 from ..errors import NxdiGptossFp8Error
 from ..format import DTYPE_BITS, MAX_BYTE_COUNT
+from ..units import plural
 from .files import FileIdentity, open_regular
 from .strict_json import JsonError, NonInteger, parse_json_strict
 
@@ -120,7 +121,7 @@ def read_header_bytes(handle: BinaryIO, file_size: int, *, max_header_size: int 
     prefix = _read_exact(handle, PREFIX_SIZE)
     if len(prefix) < PREFIX_SIZE:
         raise HeaderError(
-            "too_short", f"file is {file_size} bytes, shorter than the 8-byte length prefix"
+            "too_short", f"file is {plural(file_size, 'byte')}, shorter than the 8-byte length prefix"
         )
     (length,) = struct.unpack("<Q", prefix)
     if length > max_header_size:
@@ -346,13 +347,13 @@ def _tensor_info_checked(name: str, entry: Any, data_size: int) -> TensorInfo:
     if end - begin != expected:
         raise HeaderError(
             "size_mismatch",
-            f"tensor {name!r}: {dtype}{shape} needs {expected} bytes, data_offsets span {end - begin}",
+            f"tensor {name!r}: {dtype}{shape} needs {plural(expected, 'byte')}, data_offsets span {end - begin}",
             name,
         )
     if end > data_size:
         raise HeaderError(
             "data_beyond_file",
-            f"tensor {name!r}: data ends at {end} but the file holds {max(data_size, 0)} data bytes "
+            f"tensor {name!r}: data ends at {end} but the file holds {plural(max(data_size, 0), 'data byte')} "
             "(truncated or half-copied file)",
             name,
         )
@@ -377,5 +378,5 @@ def _check_offsets(tensors: Mapping[str, TensorInfo], data_size: int) -> None:
     if position != data_size:
         raise HeaderError(
             "trailing_bytes",
-            f"tensors cover {position} data bytes but the file holds {data_size}",
+            f"tensors cover {plural(position, 'data byte')} but the file holds {data_size}",
         )

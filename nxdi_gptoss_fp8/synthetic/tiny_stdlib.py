@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..padding import padding_region
+from ..units import plural
 from ..validate.config_fields import config_field_problems
 from ..writer import CheckpointWriter
 
@@ -107,7 +108,7 @@ def count_problems(tensors: int, size: int, what: str = "a tiny checkpoint") -> 
     counted on what is written: the normalized checkpoint, or the source for a source writer)."""
     if tensors <= MAX_TINY_TENSORS and size <= MAX_TINY_BYTES:
         return []
-    return [f"these dimensions mean {tensors:,} tensors and {size:,} bytes, more than {what}'s "
+    return [f"these dimensions mean {tensors:,} tensors and {plural(size, 'byte')}, more than {what}'s "
             f"{MAX_TINY_TENSORS:,} tensors and {MAX_TINY_BYTES:,} bytes: for a full-size layout use "
             "scripts/sparse_checkpoint.py (no data written), or convert a real checkpoint"]
 

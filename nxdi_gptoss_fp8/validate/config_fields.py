@@ -62,7 +62,7 @@ def config_field_problems(config: Mapping[str, Any], dims: fmt.ModelDims | None,
         if problem:
             add("layer_types_mismatch", f"{what} has layer_types {problem}, but NxDI's GPT-OSS slides every even layer "
                 "(0, 2, …) and attends fully in every odd one, whatever layer_types says: remove layer_types or write "
-                f"{dims.num_hidden_layers} entries alternating \"{fmt.SLIDING_ATTENTION}\", \"{fmt.FULL_ATTENTION}\"",
+                f"{plural(dims.num_hidden_layers, 'entry', 'entries')} alternating \"{fmt.SLIDING_ATTENTION}\", \"{fmt.FULL_ATTENTION}\"",
                 "layer_types")
     if dims is not None and dims.num_attention_heads % dims.num_key_value_heads:
         add("heads_indivisible", f"{what} has num_attention_heads={dims.num_attention_heads}, not a multiple of "
@@ -97,7 +97,7 @@ def _layer_types_problem(layer_types: Any, layers: int) -> str | None:
     if not isinstance(layer_types, list):
         return f"= {describe(layer_types)}, not a list"
     if len(layer_types) != layers:
-        return f"of {len(layer_types):,} entries for num_hidden_layers={layers}"
+        return f"of {plural(len(layer_types), 'entry', 'entries')} for num_hidden_layers={layers}"
     expected = fmt.nxdi_layer_types(layers)
     wrong = [layer for layer, (found, want) in enumerate(zip(layer_types, expected, strict=True)) if found != want]
     if not wrong:

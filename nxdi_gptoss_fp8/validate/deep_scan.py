@@ -366,22 +366,23 @@ def _value_findings(target: ScanTarget, result: TensorResult) -> Iterator[tuple[
     if result.out_of_range and result.first_out_of_range is not None:
         expert, row, col, byte = result.first_out_of_range
         yield ("fp8_out_of_range",
-               f"{target.key} has {result.out_of_range} FP8 values with all exponent bits set (|x| > "
+               f"{target.key} has {plural(result.out_of_range, 'FP8 value')} with all exponent bits set (|x| > "
                f"{fmt.FP8_MAX:g} or NaN), which Neuron's E4M3 cannot hold; first at "
                f"{target.coords(expert, row, col)} = 0x{byte:02X}: re-quantize within ±{fmt.FP8_MAX:g}", Severity.ERROR)
     if result.non_finite and result.first_non_finite is not None:
         expert, row, col, value = result.first_non_finite
         yield ("non_finite",
-               f"{target.key} has {result.non_finite} non-finite BF16 values (±inf or NaN); first at "
+               f"{target.key} has {plural(result.non_finite, 'non-finite BF16 value')} (±inf or NaN); first at "
                f"{target.coords(expert, row, col)} = 0x{value:04X}: the model would compute with them; "
                "convert again from a source whose values are all finite", Severity.ERROR)
     if result.nonzero_padding and result.first_padding is not None:
         yield ("nonzero_padding",
-               f"{target.key} has {result.nonzero_padding} non-zero values in its padding (rows/columns "
+               f"{target.key} has {plural(result.nonzero_padding, 'non-zero value')} in its padding (rows/columns "
                f"beyond H or I); first at {target.coords(*result.first_padding)}: padding must be "
                "zero, re-convert the checkpoint", Severity.ERROR)
     if result.zero_experts:
         shown = ", ".join(map(str, result.zero_experts[:8])) + (" ..." if len(result.zero_experts) > 8 else "")
+        verb = "is" if len(result.zero_experts) == 1 else "are"
         yield ("zero_expert",
-               f"{target.key}: {len(result.zero_experts)} of {target.experts} experts are all zero (experts "
+               f"{target.key}: {len(result.zero_experts)} of {plural(target.experts, 'expert')} {verb} all zero (experts "
                f"{shown}): a sign of a broken conversion; compare with the source checkpoint", Severity.WARNING)

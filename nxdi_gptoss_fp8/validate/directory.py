@@ -13,6 +13,7 @@ from typing import Any
 from .. import format as fmt
 from ..safeio.files import FileIdentity
 from ..safeio.json_file import JsonFileError
+from ..units import plural
 from .findings import PreflightReport, Severity
 from .view import CheckpointView
 
@@ -45,7 +46,7 @@ def _json_file_finding(exc: JsonFileError, name: str, check: str) -> tuple[str, 
         cause = exc.cause
         return "filesystem", "unreadable", f"cannot read {name}: {getattr(cause, 'strerror', None) or cause}"
     if exc.code == "too_large":
-        return check, "too_large", f"{name} is {exc.size:,} bytes, above the {exc.limit:,}-byte limit"
+        return check, "too_large", f"{name} is {plural(exc.size, 'byte')}, above the {exc.limit:,}-byte limit"
     if exc.code == "grew":
         return check, "too_large", f"{name} grew above the {exc.limit:,}-byte limit while it was read"
     if exc.code == "not_utf8":

@@ -8,6 +8,7 @@ from typing import Any
 from .. import format as fmt
 from .. import other_formats
 from ..padding import TARGETS, target_problems
+from ..units import plural
 from .directory import _read_json_file, _shard_name_problem
 from .findings import MAX_FINDINGS_PER_CODE, PreflightReport
 from .foreign import _foreign_advice
@@ -72,7 +73,7 @@ def _check_weight_map(view: CheckpointView, report: PreflightReport, weight_map:
         else:
             bad[shard] = [*problem, key, 1]
     for shard, (code, problem, key, count) in bad.items():
-        more = f" (and {count - 1:,} more keys)" if count > 1 else ""
+        more = f" (and {plural(count - 1, 'more key')})" if count > 1 else ""
         report.add(
             "filesystem", code,
             f"weight_map names shard {shard[:200]!r} for {key[:200]!r}{more}, which {problem}; shards must be "

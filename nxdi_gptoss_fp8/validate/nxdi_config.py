@@ -107,7 +107,7 @@ def describe(value: Any, limit: int = 80) -> str:
     elif isinstance(value, (float, bool, type(None))):
         text = repr(value)
     elif isinstance(value, (list, tuple, dict)):
-        text = f"a {type(value).__name__} of {len(value):,} items"
+        text = f"a {type(value).__name__} of {plural(len(value), 'item')}"
     else:  # never call a foreign __repr__: it may be huge or raise
         text = f"a {type(value).__name__}"
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -423,7 +423,7 @@ def neuron_config_problems(nc: Any, *, dims: fmt.ModelDims | None, layout: fmt.L
         which = "moe_tp_degree" if ep > 1 else "tp_degree"
         add("expert_tp_indivisible", f"the padded intermediate size {ip} is not divisible by the MoE tensor-parallel degree {which}={expert_tp}: pick a degree that divides it or re-convert with a padded intermediate size that it divides", which)
     if experts % ep:
-        add("expert_ep_indivisible", f"{experts} experts cannot be split over moe_ep_degree={ep}", "moe_ep_degree")
+        add("expert_ep_indivisible", f"{plural(experts, 'expert')} cannot be split over moe_ep_degree={ep}", "moe_ep_degree")
     return problems
 
 
@@ -440,7 +440,7 @@ def _exclusion_problems(nc: Any, dims: fmt.ModelDims | None) -> list[Problem]:
     entries = list(entries)
     layers = dims.num_hidden_layers if dims else 1
     if layers * 6 * max(len(entries), 1) > MAX_EXCLUSION_WORK:
-        return [Problem("neuron_config", "bad_modules_to_not_convert", f"{key} has {len(entries):,} entries for {plural(layers, 'layer')}: too many to check; list module names, not paths", key)]
+        return [Problem("neuron_config", "bad_modules_to_not_convert", f"{key} has {plural(len(entries), 'entry', 'entries')} for {plural(layers, 'layer')}: too many to check; list module names, not paths", key)]
     qkv = ("qkv_proj.Wqkv",) if config_attr(nc, "fused_qkv", False) else ("qkv_proj.q_proj", "qkv_proj.k_proj", "qkv_proj.v_proj")
     problems = []
     attention_paths = (f"layers.{i}.self_attn.{name}" for i in range(layers) for name in (*qkv, "o_proj.o_proj"))

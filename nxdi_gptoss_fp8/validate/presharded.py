@@ -235,7 +235,7 @@ def _check_rank(check: ShardedCheck, manifest: Manifest, weights: str, rank: int
     check.identities[rank] = read.identity
     if read.identity.size != entry.size:
         what = "truncated" if read.identity.size < entry.size else "grown"
-        check.add("size_mismatch", f"{path} is {read.identity.size:,} bytes, the manifest records {entry.size:,} "
+        check.add("size_mismatch", f"{path} is {plural(read.identity.size, 'byte')}, the manifest records {entry.size:,} "
                   f"({what}: a partial or foreign copy): copy it again from the compiled directory", file=where)
         return
     if hashlib.sha256(read.header).hexdigest() != entry.header_sha256:

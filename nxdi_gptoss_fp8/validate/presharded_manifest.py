@@ -32,7 +32,7 @@ from ..safeio.hashing import hash_files
 from ..safeio.json_file import JsonFileError, read_json_file
 from ..safeio.safetensors_header import PREFIX_SIZE, HeaderError, parse_header_bytes, read_header_bytes
 from ..safeio.strict_json import JsonError, parse_json_strict
-from ..units import printable
+from ..units import plural, printable
 from .integrity import DIGESTS_KEY
 from .nxdi_config import config_attr, neuron_config_view
 
@@ -137,7 +137,7 @@ def _read_bounded(path: str, limit: int) -> bytes:
     try:
         return read_bounded(path, limit)[0]
     except FileTooLargeError:
-        raise IntegrityError(f"{path} is larger than {limit:,} bytes: not read") from None
+        raise IntegrityError(f"{path} is larger than {plural(limit, 'byte')}: not read") from None
 
 
 def checkpoint_identity(checkpoint_dir: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from .. import format as fmt
 from ..machine import cache_chunk_bytes
 from ..safeio.reader import CheckpointReader
 from ..safeio.safetensors_header import TensorInfo
+from ..units import plural
 from .findings import PreflightReport, Severity
 from .namespace import _BEGIN, _END
 from .nxdi_config import bounded_int
@@ -140,7 +141,7 @@ def _scales_trusted(view: CheckpointView, report: PreflightReport) -> bool:
     if total > MAX_SCALE_BYTES:
         report.add(
             "values", "scales_too_large",
-            f"the layout implies {total:,} bytes of expert scales, above the {MAX_SCALE_BYTES:,} the preflight "
+            f"the layout implies {plural(total, 'byte')} of expert scales, above the {MAX_SCALE_BYTES:,} the preflight "
             "reads (the published profiles hold at most a few hundred MB): the scales cannot be checked",
             file=fmt.INDEX_FILE, key="metadata",
         )
@@ -287,4 +288,4 @@ def _check_total_size(view: CheckpointView, report: PreflightReport) -> None:
     infos = list(itertools.chain.from_iterable(header.tensors.values() for header in view.headers.values()))
     actual = sum(map(_END, infos)) - sum(map(_BEGIN, infos))
     if actual != total:
-        report.add("index", "total_size_mismatch", f"metadata total_size is {total:,} but the shard headers hold {actual:,} tensor bytes", file=fmt.INDEX_FILE, key="metadata.total_size")
+        report.add("index", "total_size_mismatch", f"metadata total_size is {total:,} but the shard headers hold {plural(actual, 'tensor byte')}", file=fmt.INDEX_FILE, key="metadata.total_size")
