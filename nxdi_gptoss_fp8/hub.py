@@ -26,6 +26,7 @@ from .errors import ConversionError
 from .recognize import SINGLE_FILE
 from .safeio.files import not_regular_reason
 from .safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
+from .units import plural
 
 # the files beside the weights that NxDI's demo and tokenizers read; copied into the output
 COMPANION_FILES = (
@@ -436,7 +437,7 @@ def _cached_checkpoint(repo_id: str, revision: str | None) -> Any:
         shards = None  # the preflight's index findings say why
     absent = [shard for shard in shards or [] if not os.path.exists(os.path.join(snapshot, shard))]
     if absent or not os.path.exists(os.path.join(snapshot, fmt.CONFIG_FILE)):
-        what = f"{len(absent)} of its {len(shards or [])} shards ({absent[0]}, …)" if absent else fmt.CONFIG_FILE
+        what = f"{len(absent)} of its {plural(len(shards or []), 'shard')} ({absent[0]}, …)" if absent else fmt.CONFIG_FILE
         raise HubAccessError(f"cannot read {repo_id}@{asked}: {off} and the local Hub cache lacks {what} of it: "
                              "unset HF_HUB_OFFLINE to judge it on the Hub")
     storage = os.path.dirname(os.path.dirname(os.path.normpath(snapshot)))

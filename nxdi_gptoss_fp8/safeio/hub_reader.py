@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
 from ..errors import HubAccessError
+from ..units import plural
 from .files import FileIdentity
 from .json_file import MAX_JSON_FILE_BYTES, JsonFileError, parse_json_bytes
 from .reader import CheckpointReader
@@ -193,7 +194,7 @@ class HubReader(CheckpointReader):
             self.bytes_fetched += len(response.content)
         if len(data) != length:
             raise HubAccessError(f"cannot read {name} of {self.root} from the Hub: asked for bytes {start}-"
-                                 f"{start + length - 1} and got {len(data):,} bytes (HTTP {response.status_code})")
+                                 f"{start + length - 1} and got {plural(len(data), 'byte')} (HTTP {response.status_code})")
         return data
 
     def read_json(self, name: str, *, what: str, on_read: Callable[[bytes, FileIdentity], None] | None = None) -> Any:
@@ -202,7 +203,7 @@ class HubReader(CheckpointReader):
         except FileNotFoundError as exc:
             raise JsonFileError("unreadable", exc, str(exc)) from None
         if entry.size > MAX_JSON_FILE_BYTES:  # refused before a byte is fetched
-            raise JsonFileError("too_large", None, f"{what} is {entry.size:,} bytes, above the "
+            raise JsonFileError("too_large", None, f"{what} is {plural(entry.size, 'byte')}, above the "
                                 f"{MAX_JSON_FILE_BYTES:,}-byte limit", size=entry.size, limit=MAX_JSON_FILE_BYTES)
         raw = self.fetch(name, 0, entry.size) if entry.size else b""
         if on_read is not None:
