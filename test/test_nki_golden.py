@@ -15,7 +15,8 @@ Opt-in (marker ``nki``): ``NKILIB_GOLDEN_SRC`` = a directory holding ``gptoss_mx
 Bound: relative L2 ≤ 2^-20 (float32 rounding of a few reductions), for the layer's contribution
 (its output less its input) and for the logits; the greedy tokens must be equal. Converting a
 published-style MXFP4 source is exact (docs/accuracy.md), so both sides hold the same float32
-values and any difference is the mapping's. The controls must exceed even FP8's bound (2^-4).
+values and any difference is the mapping's. The controls must exceed even FP8's bound (2^-4), on a
+source whose output channels differ in scale (``_source``).
 Scale: the 20b layer holds its real 32 experts; the 120b-shaped layer and model hold 16 and 8
 (a real 120b layer's experts are 12.7 GB of float32 for each side); vocabularies cut to 2048.
 """
@@ -62,8 +63,14 @@ def gold() -> Iterator[ModuleType]:
 
 
 def _source(root: Path, dims: fmt.ModelDims) -> Path:
-    """A published-style MXFP4 source (block scales in the published checkpoints' range)."""
+    """A published-style MXFP4 source: block scales in the published checkpoints' range, each output
+    channel lowered by 0-4 binades so that channels differ in scale, as trained ones do (otherwise
+    every channel's largest value is 6 × 2^0 and a scale read from the wrong channel goes unseen)."""
     tensors = source_tensors(dims, SOURCE_MXFP4, scale_range=REALISTIC_SCALE_RANGE)
+    for name in [name for name in tensors if name.endswith("_scales")]:
+        rows = tensors[name].shape[1]
+        lowered = tensors[name].to(torch.int32) - (torch.arange(rows) * 7 % 5)[None, :, None].to(torch.int32)
+        tensors[name] = lowered.to(torch.uint8)
     return write_source(root / "source", tensors, source_config(dims, SOURCE_MXFP4), shards=1, original=False,
                         kind=SOURCE_MXFP4)
 
