@@ -120,7 +120,7 @@ MATRIX: tuple[Rule, ...] = (
          "GPT-OSS is in NxDI since 0.7 (SDK 2.27); 0.10.x (SDK 2.30-2.31) has no public source: register() "
          "checks every signature it wraps and patches nothing if one differs",
          "NxDI before 0.7 has no GPT-OSS model, and no NxDI after 0.10.18399 exists",
-         "use a Neuron SDK 2.27-2.31 image (2.29 is the verified one: NxDI 0.9.17334)",
+         "use a Trn2 with a Neuron SDK 2.27-2.31 image (2.29 is the verified one: NxDI 0.9.17334)",
          "convert, validate, inspect and goldens work without it; serving this format (NxDI, vLLM) and selfcheck "
          "need it: a Neuron SDK 2.27-2.31 image (the 2.32 and later ones, 2.33.1 and 2.34 included, have no NxDI)"),
     Rule("NxD", "neuronx-distributed", ("==0.18.*",), (">=0.16,<0.20",),
@@ -378,7 +378,7 @@ def _vllm_rows(kind: VllmNeuron, vllm_version: str | None) -> list[Component]:
                            f"the newer plugin, which does not use NxDI ({kind.evidence}): the hook has nothing to "
                            "patch, so normalized FP8 cannot load through it",
                            "serve the published checkpoint on it (vllm serve openai/gpt-oss-120b: BF16 on Trn2, "
-                           "MXFP4 on Trn3); for FP8 use a Neuron SDK 2.27-2.31 image with NxDI and vllm-neuron 0.x "
+                           "MXFP4 on Trn3); for FP8 use a Trn2 with a Neuron SDK 2.27-2.31 image, NxDI and vllm-neuron 0.x "
                            "(NxDI is not supported on Trn2/Trn3 since SDK 2.34.0; docs/vllm-neuron-plugin.md)")
     elif kind.kind == UNKNOWN_KIND:
         plugin = Component("vLLM Neuron", plugin_name, kind.version, UNSUPPORTED,
