@@ -26,7 +26,7 @@ PACKAGE = "gptoss_mxfp4_golden"
 COMMIT = "e9ef98fc47b3323bf0de8ebcc984b8e2f3adff07"
 ASSEMBLE = (f"set NKILIB_GOLDEN_SRC to a directory holding {PACKAGE}/: the files of github:aws-neuron/nki-library at "
             f"{COMMIT[:12]}, test/integration/nkilib/experimental/gpt_oss/{PACKAGE}/, copied one by one "
-            "(docs/vllm-neuron-plugin.md, The golden)")
+            "(docs/vllm-neuron-plugin.md, Assembling the golden)")
 BLOCK_SIZE = 16
 
 
