@@ -101,10 +101,9 @@ def plugin_experts(stored: Mapping[str, torch.Tensor], dims: fmt.ModelDims, laye
         raise LoadError(f"{gate_up_name}.weight: shape {list(gate_up.shape)} (down {list(down.shape)}) is not a "
                         f"normalized checkpoint's for {experts} experts, H={h}, I={i}; validate the checkpoint")
     want_h, want_i = (hp, ip) if target is None else (target.padded_hidden_size, target.padded_intermediate_size)
-    if hp > want_h or ip > want_i:
-        raise LoadError(f"{gate_up_name}.weight: padded to H'={hp}, I'={ip}, beyond the {target.name if target else ''} "
-                        f"target's H'={want_h}, I'={want_i}; convert the source again with --target "
-                        f"{target.name if target else 'NAME'}")
+    if target is not None and (hp > want_h or ip > want_i):
+        raise LoadError(f"{gate_up_name}.weight: padded to H'={hp}, I'={ip}, beyond the {target.name} target's "
+                        f"H'={want_h}, I'={want_i}; convert the source again with --target {target.name}")
     gate_up_pairs = gate_up.reshape(experts, hp, 2, ip)  # chunked: the gate columns, then the up columns
     scale_pairs = stored[f"{gate_up_name}.scale"].reshape(experts, 2, ip)
     bias = _widened(stored[f"{gate_up_name}.bias"].to(torch.float32, copy=True).reshape(experts, 2, ip),
