@@ -35,27 +35,37 @@ NOT_USED = "not used"  # installed, but not on this package's path (vLLM without
 # 2026-10-16: end of support on Trn2/Trn3 announced for 2.34; 2026-11-17: not supported there from 2.34.0
 # (released 2026-11-30). The docs cite them (docs/supported-environments.md).
 SUPPORT_WINDOW = (
-    "NxDI support window: since Neuron SDK 2.34.0 (2026-11-30; AWS notice of 2026-11-17) AWS no longer supports "
-    "NxDI and the NxD Core inference APIs on Trn2/Trn3 (no releases, fixes or security patches); on Inf2/Trn1 they "
-    "stay in maintenance (critical fixes and security patches only). The last NxDI is 0.10.18399 (SDK 2.31); the "
-    "2.32 and later images have none. Serving normalized FP8 with this package needs a Neuron SDK 2.27-2.31 image "
-    "(2.29 verified). On a 2.32 or later host (2.33.1, 2.34) convert, validate, inspect and goldens work, serving "
-    "this format does not: the vLLM Neuron plugin there runs on TorchNeuron without NxDI and serves GPT-OSS in BF16 "
-    "on Trn2 (MXFP4 on Trn3), with no FP8 weight path for GPT-OSS (docs/vllm-neuron-plugin.md)"
+    "NxDI support window: since Neuron SDK 2.29 NxDI models run only on Trn2 and newer (NxD Inference release "
+    "notes, 2.29.0), and since Neuron SDK 2.34.0 (2026-11-30; AWS notice of 2026-11-17) AWS no longer supports "
+    "NxDI and the NxD Core inference APIs on Trn2/Trn3 (no releases, fixes or security patches). On Inf2/Trn1 they "
+    "stay in maintenance (critical fixes and security patches only) at SDK 2.31, whose NxDI runs no model there: no "
+    "route for this format. The last NxDI is 0.10.18399 (SDK 2.31); the 2.32 and later images have none. Serving "
+    "normalized FP8 with this package needs a Trn2 with a Neuron SDK 2.27-2.31 image (2.29 verified). On a 2.32 or "
+    "later host (2.33.1, 2.34) convert, validate, inspect and goldens work, serving this format does not: the vLLM "
+    "Neuron plugin there runs on TorchNeuron without NxDI and serves GPT-OSS in BF16 on Trn2 (MXFP4 on Trn3), with "
+    "no FP8 weight path for GPT-OSS (docs/vllm-neuron-plugin.md)"
 )
 # the one-clause form, for warnings that say why the hook is not there
 SERVING_NEEDS = (
-    "serving normalized FP8 needs NxDI from a Neuron SDK 2.27-2.31 image (NxDI is not supported on Trn2/Trn3 since "
-    "Neuron SDK 2.34.0 and stays in maintenance on Inf2/Trn1)"
+    "serving normalized FP8 needs NxDI on a Trn2 from a Neuron SDK 2.27-2.31 image (NxDI is not supported on "
+    "Trn2/Trn3 since Neuron SDK 2.34.0; on Inf2/Trn1 it runs no model since 2.29)"
 )
 # what to do on a host without NxDI (the vLLM entry point's refusal says it)
 WITHOUT_NXDI = (
-    "normalized FP8 needs the NxDI-backed stack (NxDI with the NxDI-backed vllm-neuron 0.x: a Neuron SDK 2.27-2.31 "
-    "image; NxDI is not supported on Trn2/Trn3 since Neuron SDK 2.34.0 and stays in maintenance on Inf2/Trn1); on "
+    "normalized FP8 needs the NxDI-backed stack (NxDI with the NxDI-backed vllm-neuron 0.x: a Trn2 with a Neuron SDK "
+    "2.27-2.31 image; NxDI is not supported on Trn2/Trn3 since Neuron SDK 2.34.0 and runs no model on Inf2/Trn1 "
+    "since 2.29); on "
     "the newer vLLM Neuron plugin, which does not use NxDI, serve the published checkpoint instead (vllm serve "
     "openai/gpt-oss-120b: BF16 on Trn2, MXFP4 on Trn3; it has no FP8 weight path for GPT-OSS: "
     "docs/vllm-neuron-plugin.md)"
 )
+
+# torch-neuronx 2.13.3/2.14.3 and later: TorchNeuron, the native backend the newer vLLM Neuron plugin runs on
+TORCHNEURON = (">=2.13.3",)
+# what ``env`` says in one line on a host with the newer plugin's stack
+NEWER_STACK = ("this format does not serve on this host ({found}: the vLLM Neuron plugin's stack, without NxDI); what "
+               "serves GPT-OSS here is the published checkpoint (vllm serve openai/gpt-oss-120b: BF16 on Trn2, MXFP4 on "
+               "Trn3); normalized FP8 serves from a Trn2 with a Neuron SDK 2.27-2.31 image")
 
 # the vllm-project/vllm-neuron releases whose own model loader the client tests run through the hook
 VLLM_NEURON_RUN_AGAINST = ("0.1.0", "0.2.0")
@@ -110,7 +120,7 @@ MATRIX: tuple[Rule, ...] = (
          "GPT-OSS is in NxDI since 0.7 (SDK 2.27); 0.10.x (SDK 2.30-2.31) has no public source: register() "
          "checks every signature it wraps and patches nothing if one differs",
          "NxDI before 0.7 has no GPT-OSS model, and no NxDI after 0.10.18399 exists",
-         "use a Neuron SDK 2.27-2.31 image (2.29 is the verified one: NxDI 0.9.17334)",
+         "use a Trn2 with a Neuron SDK 2.27-2.31 image (2.29 is the verified one: NxDI 0.9.17334)",
          "convert, validate, inspect and goldens work without it; serving this format (NxDI, vLLM) and selfcheck "
          "need it: a Neuron SDK 2.27-2.31 image (the 2.32 and later ones, 2.33.1 and 2.34 included, have no NxDI)"),
     Rule("NxD", "neuronx-distributed", ("==0.18.*",), (">=0.16,<0.20",),
@@ -247,6 +257,7 @@ class EnvironmentReport:
     components: list[Component] = field(default_factory=list)
     vllm_neuron: VllmNeuron = field(default_factory=lambda: VllmNeuron(None))
     support_window: str = SUPPORT_WINDOW
+    serving: str = ""  # one line on a host with the newer plugin's stack (``newer_stack``), else empty
 
     @property
     def ok(self) -> bool:
@@ -259,10 +270,12 @@ class EnvironmentReport:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "package": self.package, "python_executable": self.python_executable,
                 "components": [asdict(c) for c in self.components], "vllm_neuron": asdict(self.vllm_neuron),
-                "support_window": self.support_window}
+                "serving": self.serving, "support_window": self.support_window}
 
     def render_text(self) -> str:
         lines = [f"nxdi-gptoss-fp8 {self.package} environment ({self.python_executable})"]
+        if self.serving:
+            lines.append(f"  {self.serving}")
         for c in self.components:
             lines.append(f"  {c.label:<38} {c.version or '-':<22} {c.status}")
             if c.reason:
@@ -316,6 +329,18 @@ def vllm_neuron_kind(path: Sequence[str] | None = None) -> VllmNeuron:
     return VllmNeuron(None)
 
 
+def newer_stack(kind: VllmNeuron, torch_neuronx: str | None) -> str:
+    """``NEWER_STACK`` naming what was found when this host has the newer vLLM Neuron plugin (the
+    kind without NxDI: ``vllm-neuron`` 0.21.0.1.0.0 and later) or TorchNeuron (``torch-neuronx``
+    2.13.3 and later), the stack of Neuron SDK 2.32 and later; empty otherwise."""
+    found = []
+    if kind.kind == WITHOUT_NXDI_KIND:
+        found.append(f"{kind.distribution} {kind.version}")
+    if torch_neuronx is not None and matches(torch_neuronx, TORCHNEURON):
+        found.append(f"torch-neuronx {torch_neuronx}, TorchNeuron")
+    return NEWER_STACK.format(found="; ".join(found)) if found else ""
+
+
 def _judge(rule: Rule, version: str | None) -> Component:
     """One component's place: verified only for a final release (or a post-release or local
     build of one) of the verified line; a pre-release or development release of it is expected
@@ -353,7 +378,7 @@ def _vllm_rows(kind: VllmNeuron, vllm_version: str | None) -> list[Component]:
                            f"the newer plugin, which does not use NxDI ({kind.evidence}): the hook has nothing to "
                            "patch, so normalized FP8 cannot load through it",
                            "serve the published checkpoint on it (vllm serve openai/gpt-oss-120b: BF16 on Trn2, "
-                           "MXFP4 on Trn3); for FP8 use a Neuron SDK 2.27-2.31 image with NxDI and vllm-neuron 0.x "
+                           "MXFP4 on Trn3); for FP8 use a Trn2 with a Neuron SDK 2.27-2.31 image, NxDI and vllm-neuron 0.x "
                            "(NxDI is not supported on Trn2/Trn3 since SDK 2.34.0; docs/vllm-neuron-plugin.md)")
     elif kind.kind == UNKNOWN_KIND:
         plugin = Component("vLLM Neuron", plugin_name, kind.version, UNSUPPORTED,
@@ -410,6 +435,7 @@ def environment_report(path: Sequence[str] | None = None, *, python_version: str
     vllm = _distribution("vllm", path)
     report.vllm_neuron = kind
     report.components += _vllm_rows(kind, vllm.version if vllm is not None else None)
+    report.serving = newer_stack(kind, report.component("torch-neuronx").version)
     return report
 
 
@@ -447,7 +473,8 @@ def warn_unverified_nxdi(logger: logging.Logger, module: Any = None) -> None:
                    verdict.reason, extra, SUPPORT_WINDOW)
 
 
-__all__ = ["ABSENT", "EXPECTED", "MATRIX", "NOT_USED", "NXDI_BACKED", "SERVING_NEEDS", "SUPPORT_WINDOW", "UNKNOWN_KIND", "UNSUPPORTED",
+__all__ = ["ABSENT", "EXPECTED", "MATRIX", "NEWER_STACK", "NOT_USED", "NXDI_BACKED", "SERVING_NEEDS", "SUPPORT_WINDOW", "TORCHNEURON",
+           "UNKNOWN_KIND", "UNSUPPORTED",
            "VERIFIED", "VLLM_NEURON_RUN_AGAINST", "WITHOUT_NXDI", "WITHOUT_NXDI_KIND", "Component", "EnvironmentReport",
-           "Rule", "Version", "VllmNeuron", "environment_report", "from_source", "matches", "nxdi_version",
+           "Rule", "Version", "VllmNeuron", "environment_report", "from_source", "matches", "newer_stack", "nxdi_version",
            "parse_version", "release", "vllm_neuron_kind", "warn_unverified_nxdi"]

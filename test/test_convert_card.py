@@ -67,6 +67,9 @@ def test_the_card_of_a_hub_source(source: Path, tmp_path: Path) -> None:
     from nxdi_gptoss_fp8.support import SUPPORT_WINDOW
 
     assert body.rstrip().endswith(SUPPORT_WINDOW + ".") and "only Neuron SDK 2.27–2.31 images ship" in body
+    flat = " ".join(body.split())  # the Trn2-only fact (NxDI 2.29) and Inf2/Trn1 as no route, in the load section
+    assert "Needs NxDI on a Trn2" in flat and "since SDK 2.29 its models run only on Trn2 and newer" in flat
+    assert "Inf2/Trn1, kept in maintenance at 2.31, are no route" in flat
     assert "| target |" not in body  # no named target asked for
 
 

@@ -190,7 +190,7 @@ def _run(refs: dict[str, Any], layer: Layer, views: nki_moe.KernelInputs, kernel
 def _as_converted(refs: dict[str, Any], layer: Layer, kernel: str) -> torch.Tensor:
     """The kernel reference's output on the checkpoint in the plugin's views (computed once)."""
     if kernel not in layer.found:
-        layer.found[kernel] = _run(refs, layer, nki_moe.plugin_views(layer.padded), kernel)
+        layer.found[kernel] = _run(refs, layer, nki_moe.plugin_views(layer.padded, layer.dims), kernel)
     return layer.found[kernel]
 
 
@@ -219,7 +219,7 @@ def test_the_kernels_stay_within_fp8_of_the_source(refs: dict[str, Any], layer: 
 @pytest.mark.parametrize("control", ["without_scales", "scales_read_interleaved"])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 def test_a_misread_checkpoint_fails_the_bound(refs: dict[str, Any], layer: Layer, kernel: str, control: str) -> None:
-    views = getattr(nki_moe.plugin_views(layer.padded), control)()
+    views = getattr(nki_moe.plugin_views(layer.padded, layer.dims), control)()
     found, expected = _run(refs, layer, views, kernel), layer.transformers("dequantized", kernel)[0]
     error = nki_moe.relative_l2(found[:, : layer.dims.hidden_size], expected)
     print(f"\n{kernel} {layer.dims.num_local_experts} experts, {control}: relative L2 {error:.3g}")
@@ -229,4 +229,4 @@ def test_a_misread_checkpoint_fails_the_bound(refs: dict[str, Any], layer: Layer
 @pytest.mark.parametrize("layer", ["20b"], indirect=True)
 def test_an_unpadded_checkpoint_is_refused(layer: Layer) -> None:
     with pytest.raises(nki_moe.ShapeRefused, match=r"size mismatch.*--target nki-moe"):
-        nki_moe.plugin_views(layer.unpadded())
+        nki_moe.plugin_views(layer.unpadded(), layer.dims)

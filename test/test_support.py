@@ -96,6 +96,44 @@ def test_a_host_after_nxdi_can_convert_and_validate_but_not_serve(tmp_path: Path
     assert "2.27-2.31" in report.component("vLLM Neuron").forward and "2.34.0" in report.component("vLLM Neuron").forward
 
 
+# hosts of the newer plugin's stack: the plugin alone (its SDK 2.31 beta: 0.21.0.1.0.0), TorchNeuron alone, both
+NEWER_STACK_HOSTS = {
+    "2.31 newer plugin": ({"vllm-neuron": "0.21.0.1.0.0"}, ["vllm-neuron 0.21.0.1.0.0"]),
+    "2.32": (SDK_232, ["vllm-neuron 0.24.0.1.1.0+e8242a9"]),
+    "2.33.1": (SDK_233, ["vllm-neuron 0.29.0.1.2.0", "torch-neuronx 2.14.3.0"]),
+    "2.34": (SDK_234, ["vllm-neuron 0.31.0.1.3.0", "torch-neuronx 2.14.3.0"]),
+    "TorchNeuron only": ({"torch-neuronx": "2.13.3.0"}, ["torch-neuronx 2.13.3.0"]),
+}
+
+
+@pytest.mark.parametrize("host", list(NEWER_STACK_HOSTS))
+def test_a_host_with_the_newer_stack_is_told_in_one_line_that_this_format_does_not_serve_there(
+        tmp_path: Path, host: str) -> None:
+    packages, named = NEWER_STACK_HOSTS[host]
+    report = support.environment_report(site_with(tmp_path, packages), python_version="3.12.3")
+    assert "\n" not in report.serving and report.serving.startswith("this format does not serve on this host")
+    assert all(name in report.serving for name in named), report.serving
+    assert "vllm serve openai/gpt-oss-120b" in report.serving and "Trn2 with a Neuron SDK 2.27-2.31 image" in report.serving
+    lines = report.render_text().splitlines()
+    assert lines[1] == f"  {report.serving}" and lines[-1] == support.SUPPORT_WINDOW
+    assert report.to_dict()["serving"] == report.serving
+
+
+@pytest.mark.parametrize("packages", [SDK_229, {"torch-neuronx": "2.13.2.0"}, {"vllm-neuron": "0.6.0"}, {}],
+                         ids=["2.29", "torch-neuronx 2.13.2", "NxDI-backed 0.6.0", "nothing"])
+def test_other_hosts_get_no_such_line(tmp_path: Path, packages: dict[str, str]) -> None:
+    report = support.environment_report(site_with(tmp_path, packages), python_version="3.11.7")
+    assert report.serving == "" and "does not serve on this host" not in report.render_text()
+
+
+def test_the_window_names_the_trn2_only_release_and_no_route_on_inf2_trn1() -> None:
+    window = support.SUPPORT_WINDOW
+    for words in ("since Neuron SDK 2.29 NxDI models run only on Trn2 and newer (NxD Inference release notes, 2.29.0)",
+                  "On Inf2/Trn1 they stay in maintenance", "at SDK 2.31", "no route for this format",
+                  "needs a Trn2 with a Neuron SDK 2.27-2.31 image"):
+        assert words in window, words
+
+
 def test_the_window_says_what_changed_with_2_34_in_the_present_tense() -> None:
     window = support.SUPPORT_WINDOW
     for words in ("since Neuron SDK 2.34.0 (2026-11-30; AWS notice of 2026-11-17)", "Trn2/Trn3", "Inf2/Trn1",

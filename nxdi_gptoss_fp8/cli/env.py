@@ -35,8 +35,10 @@ def add_env_command(commands: Any) -> None:
                     "expected to work (the same API line; register() checks the signatures it wraps), unsupported "
                     "(with the reason and the way forward) or not installed. Also tells which vLLM Neuron plugin is "
                     "installed (the NxDI-backed one, or the newer one that does not use NxDI) and states the NxDI "
-                    "support window (not supported on Trn2/Trn3 since Neuron SDK 2.34.0; serving this format needs a "
-                    "2.27-2.31 image). Exit 0, or 1 when an installed component is unsupported.",
+                    "support window (not supported on Trn2/Trn3 since Neuron SDK 2.34.0, no model on Inf2/Trn1 since "
+                    "2.29; serving this format needs a Trn2 with a 2.27-2.31 image); on the newer plugin's stack one "
+                    "line says this format does not serve there and what does. Exit 0, or 1 when an installed "
+                    "component is unsupported.",
         examples=ENV_EXAMPLES,
     )
     env.add_argument("--json", action="store_true", help="print the report as JSON")

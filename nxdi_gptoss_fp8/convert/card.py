@@ -227,9 +227,10 @@ then zero-copy loading, with no conversion at load time.
 
 ## Load it with NxDI
 
-Needs NxDI, which only Neuron SDK 2.27–2.31 images ship (the hook is verified against NxDI 0.9, SDK
-2.29; NxDI is not supported on Trn2/Trn3 since SDK 2.34.0 and stays in maintenance on Inf2/Trn1: see
-"Support window" below; `nxdi-gptoss-fp8 env` says where your host stands). Install nxdi-gptoss-fp8, call
+Needs NxDI on a Trn2, which only Neuron SDK 2.27–2.31 images ship (the hook is verified against NxDI
+0.9, SDK 2.29; NxDI is not supported on Trn2/Trn3 since SDK 2.34.0, and since SDK 2.29 its models run
+only on Trn2 and newer, so Inf2/Trn1, kept in maintenance at 2.31, are no route: see "Support window"
+below; `nxdi-gptoss-fp8 env` says where your host stands). Install nxdi-gptoss-fp8, call
 `nxdi_gptoss_fp8.register()` before NxDI loads weights (vLLM's NxDI-backed `vllm-neuron` does it
 through the package's plugin entry point), and give NxDI these NeuronConfig settings, with
 `quantized_checkpoints_path` set to where this directory is:

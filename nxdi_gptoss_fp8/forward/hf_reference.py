@@ -32,7 +32,7 @@ from .. import format as fmt
 from ..errors import ConversionError, CpuModelError
 from ..units import format_bytes, plural
 
-__all__ = ["REFERENCE_DTYPES", "ReferenceBuild", "build_reference", "dequantized_layer", "reference_dtype"]
+__all__ = ["REFERENCE_DTYPES", "ReferenceBuild", "build_reference", "dequantized_layer", "reference_dtype", "renamed_tensors"]
 
 REFERENCE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 _EXPERT_SHORT = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
@@ -94,18 +94,31 @@ def _finished(model: Any, what: str) -> Any:
     return model.eval()
 
 
+def renamed_tensors(stored: Mapping[str, torch.Tensor], dims: fmt.ModelDims, dtype: torch.dtype, *,
+                    layer: int | None) -> dict[str, torch.Tensor]:
+    """transformers' tensors that the format only renames and pads, in ``dtype`` (copies, the
+    padding cropped), from the normalized tensors ``stored``: decoder layer ``layer``'s attention,
+    norms and router, or (``None``) the embedding, the final norm and the head."""
+    from ..convert.layout import crop_to
+    from ..convert.source import non_expert_names
+
+    unpadded = fmt.expected_namespace(fmt.Layout.unpadded(dims))
+    wanted = (lambda name: name.startswith(fmt.layer_prefix(layer))) if layer is not None else (
+        lambda name: not name.startswith("layers."))
+    return {hf: crop_to(stored[name], unpadded[name].shape).to(dtype, copy=True)
+            for hf, name in non_expert_names(dims).items() if wanted(name)}
+
+
 def dequantized_layer(stored: Mapping[str, torch.Tensor], layer: int, dims: fmt.ModelDims,
                       dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """transformers' tensors of decoder layer ``layer`` in ``dtype`` from the normalized tensors
     ``stored`` (NxDI names): FP8 × scale one expert at a time, padding cropped, gate/up interleaved."""
     from ..convert.fp8 import dequantize_expertwise
     from ..convert.layout import crop_to, interleave_chunked
-    from ..convert.source import expert_source_name, non_expert_names
+    from ..convert.source import expert_source_name
 
-    unpadded = fmt.expected_namespace(fmt.Layout.unpadded(dims))
     prefix = fmt.layer_prefix(layer)
-    state = {hf: crop_to(stored[name], unpadded[name].shape).to(dtype, copy=True)
-             for hf, name in non_expert_names(dims).items() if name.startswith(prefix)}
+    state = renamed_tensors(stored, dims, dtype, layer=layer)
     experts, h, i = dims.num_local_experts, dims.hidden_size, dims.intermediate_size
     gate_up, down = f"{prefix}{fmt.GATE_UP}", f"{prefix}{fmt.DOWN}"
     gate_up_out = torch.empty((experts, h, 2 * i), dtype=dtype)
@@ -135,10 +148,9 @@ def _build_dequantized(ckpt: str, dims: fmt.ModelDims, config: Mapping[str, Any]
     from ..loader import load_checkpoint
 
     stored = load_checkpoint(ckpt, None, report=report, allow_custom_model=allow_custom_model).state_dict
-    unpadded = fmt.expected_namespace(fmt.Layout.unpadded(dims))
     model = _empty_model(config, dims.num_hidden_layers, dtype)
     global_names = {hf: name for hf, name in non_expert_names(dims).items() if not name.startswith("layers.")}
-    _fill(model, {hf: _cropped(stored[name], unpadded[name].shape, dtype) for hf, name in global_names.items()})
+    _fill(model, renamed_tensors(stored, dims, dtype, layer=None))
     _release(stored[name] for name in global_names.values())  # copied: the embedding's and head's pages may go
     for layer in range(dims.num_hidden_layers):
         started = time.perf_counter()
@@ -148,12 +160,6 @@ def _build_dequantized(ckpt: str, dims: fmt.ModelDims, config: Mapping[str, Any]
         tick()
     _release(stored.values())
     return _finished(model, ckpt)
-
-
-def _cropped(tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    from ..convert.layout import crop_to
-
-    return crop_to(tensor, shape).to(dtype, copy=True)
 
 
 def check_recorded_source(ckpt: str, src: str, option: str) -> Any:

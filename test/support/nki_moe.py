@@ -2,8 +2,8 @@
 layer as transformers' GPT-OSS holds it: the two sides of ``test_nki_kernels``.
 
 The views are what a GPT-OSS model class of the vLLM Neuron plugin would hand the kernels
-(docs/vllm-neuron-plugin.md): the chunked gate|up weight ``[E, H', 2I']`` reshaped to
-``[E, H', 2, I']`` (no copy), its ``[E, 1, 2I']`` scale viewed as ``[E, 2, I']`` for decode and
+(docs/vllm-neuron-plugin.md), the experts mapped by the package's ``nxdi.plugin_experts``: the
+chunked gate|up weight ``[E, H', 2I']`` reshaped to ``[E, H', 2, I']`` (no copy), its ``[E, 1, 2I']`` scale viewed as ``[E, 2, I']`` for decode and
 kept as stored for prefill, the down scale squeezed to ``[E, H']`` for decode, and the up half of
 the gate|up bias raised by 1 (transformers adds 1 to the clamped up projection; the kernels have
 no such step, so it is folded into the bias and the up clamp limits move by 1 with it). Geometry
@@ -19,9 +19,8 @@ import torch
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.convert import non_expert_names
-from nxdi_gptoss_fp8.padding import TARGETS
+from nxdi_gptoss_fp8.nxdi.plugin_experts import PLUGIN_TARGET, plugin_experts
 
-PLUGIN_TARGET = TARGETS["nki-moe"]
 DECODE_H_MULTIPLE = 256  # the decode kernel's hidden-size tiling
 
 
@@ -77,11 +76,13 @@ def layer_tensors(tensors: dict[str, torch.Tensor], dims: fmt.ModelDims, layer: 
     return found
 
 
-def plugin_views(found: dict[str, torch.Tensor], *, target: Any = PLUGIN_TARGET) -> KernelInputs:
-    """The kernels' views of one layer (``layer_tensors``); ``ShapeRefused`` unless H' and I'
-    are the target's (and H' tiles the decode kernel)."""
+def plugin_views(found: dict[str, torch.Tensor], dims: fmt.ModelDims, *, target: Any = PLUGIN_TARGET) -> KernelInputs:
+    """The kernels' views of one layer (``layer_tensors``) of a model of ``dims``; ``ShapeRefused``
+    unless H' and I' are the target's (and H' tiles the decode kernel), as the plugin's
+    ``load_state_dict`` refuses a size mismatch. The experts come from the package's mapping
+    (``nxdi.plugin_experts``), the scales viewed as each kernel takes them."""
     gate_up, down = found[f"{fmt.GATE_UP}.weight"], found[f"{fmt.DOWN}.weight"]
-    experts, hp, two_ip = gate_up.shape
+    experts, hp, _ = gate_up.shape
     wanted = (experts, target.padded_hidden_size, 2 * target.padded_intermediate_size)
     if tuple(gate_up.shape) != wanted or tuple(down.shape) != (experts, wanted[2] // 2, wanted[1]):
         raise ShapeRefused(f"size mismatch for the experts: the plugin's GPT-OSS declares gate_up {list(wanted)} and "
@@ -89,16 +90,17 @@ def plugin_views(found: dict[str, torch.Tensor], *, target: Any = PLUGIN_TARGET)
                            f"{list(down.shape)} (convert with --target {target.name})")
     if hp % DECODE_H_MULTIPLE:
         raise ShapeRefused(f"H'={hp} is not a multiple of {DECODE_H_MULTIPLE}: the decode kernel cannot tile it")
-    ip = two_ip // 2
-    bias = found[f"{fmt.GATE_UP}.bias"].float().view(experts, 2, ip).clone()
-    bias[:, 1, :] += 1.0
+    prefix = fmt.layer_prefix(0)
+    stored = {f"{prefix}{proj}.{part}": found[f"{proj}.{part}"] for proj in (fmt.GATE_UP, fmt.DOWN)
+              for part in ("weight", "scale", "bias")}
+    mapped = plugin_experts(stored, dims, 0, target=target)
     return KernelInputs(
         gamma=found["post_attention_layernorm.weight"],
         router_weight=found["router.weight"].transpose(0, 1).contiguous(),
         router_bias=found["router.bias"],
-        gate_up=gate_up.reshape(experts, hp, 2, ip), down=down,
-        gate_up_bias=bias.to(torch.bfloat16), down_bias=found[f"{fmt.DOWN}.bias"],
-        gate_up_scale=found[f"{fmt.GATE_UP}.scale"], down_scale=found[f"{fmt.DOWN}.scale"],
+        gate_up=mapped.gate_up, down=mapped.down,
+        gate_up_bias=mapped.gate_up_bias.to(torch.bfloat16), down_bias=found[f"{fmt.DOWN}.bias"],
+        gate_up_scale=mapped.gate_up_scale.reshape(experts, 1, -1), down_scale=mapped.down_scale[:, None],
     )
 
 
