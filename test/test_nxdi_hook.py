@@ -637,8 +637,8 @@ def test_hook_binds_the_report_to_the_config_it_loads_with(nxdi: SimpleNamespace
     nxdi_hook.register()
     checked_preflight = nxdi_hook.checked_preflight
 
-    def then_change(path: str, config: Any) -> Any:
-        report = checked_preflight(path, config)
+    def then_change(path: str, config: Any, inputs: Any = None) -> Any:
+        report = checked_preflight(path, config, inputs)
         config.neuron_config.tp_degree = 2
         return report
 

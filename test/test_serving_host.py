@@ -294,11 +294,13 @@ def test_the_doctor_command(host: dict[str, Any], monkeypatch: pytest.MonkeyPatc
     for name, value in host["environ"].items():
         monkeypatch.setenv(name, value)
     assert cli.main(["doctor", "--", *host["command"]]) == 0
-    assert capsys.readouterr().out.startswith("OK: 0 errors")
+    first, verdict = capsys.readouterr().out.splitlines()
+    assert verdict.startswith("OK: 0 errors") and "model of vllm-neuron 0.1.0 and 0.2.0" in first  # CPU host: modelled
     monkeypatch.setenv("CHECKPOINT_FORMAT", "hf")
     assert cli.main(["doctor", "--json", "--", *host["command"]]) == 1
     document = json.loads(capsys.readouterr().out)
     assert document["ok"] is False and [f["code"] for f in document["findings"]] == ["checkpoint_format"]
+    assert "model of vllm-neuron" in document["neuron_config_built_by"]
 
 
 # --------------------------------------------------------------------------- hostile input
