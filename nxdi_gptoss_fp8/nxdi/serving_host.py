@@ -40,7 +40,8 @@ from ..recognize import NEURON_CONFIG_FILE, recognize
 from ..safeio.hashing import sha256_file
 from ..safeio.json_file import JsonFileError, read_json_file
 from ..units import plural, printable
-from ..validate.nxdi_config import describe, read_config_file
+from ..validate.nxdi_config import config_attr, describe, neuron_config_view, read_config_file
+from ..validate.verdict import PLACEHOLDER_PATH, checkpoint_path_problem
 from ..validate.vllm_config import VLLM_OVERRIDE_KEY, vllm_neuron_config
 from .client_config import ClientStart
 from .recipes import HARMONY_VOCABULARY, HARMONY_VOCABULARY_URL, O200K_BASE_SHA256, VLLM_ADDITIONAL_CONFIG_FLAG
@@ -311,7 +312,8 @@ def _plan_checkpoint(inputs: StartInputs, findings: list[HostFinding]) -> int:
     model, model_config = inputs.model, inputs.model_config
     if model is None:
         return 0
-    named = checkpoint_path(inputs.config, None)
+    named = checkpoint_path(inputs.config, None) if config_attr(neuron_config_view(inputs.config), "quantized", False) \
+        else None
     setting = "MODEL"
     if named is not None:
         if not _encodable(named):
@@ -324,13 +326,16 @@ def _plan_checkpoint(inputs: StartInputs, findings: list[HostFinding]) -> int:
                 what = f"; {recognition.hint()}" if recognition.known else ""
                 _finding(findings, "no_model_config", "MODEL", f"{model!r} has no config.json naming the model's "
                          f"architectures, which vLLM reads the model from{what}: serve the checkpoint directory")
-            _finding(findings, "checkpoint_path_differs", "quantized_checkpoints_path", f"quantized_checkpoints_path is "
-                     f"{named!r} but vLLM serves {model!r}: NxDI reads the weights from the first and the model config "
-                     "from the second; set both to the checkpoint directory", warning=True)
+            problem = checkpoint_path_problem(inputs.config, model)  # the start's rule (validate DIR --neuron-config's)
+            if problem is not None and named.rstrip("/") == PLACEHOLDER_PATH:
+                _finding(findings, "checkpoint_path_placeholder", "quantized_checkpoints_path", problem)
+                return 0
+            _finding(findings, "checkpoint_path_differs", "quantized_checkpoints_path", f"{problem}; vLLM reads the "
+                     f"model config from {model!r} and NxDI the weights from {named!r}", warning=True)
             setting = "quantized_checkpoints_path"
         else:
             inputs.model_config = None
-    path = named or model
+    path = inputs.checkpoint = named or model
     try:
         verdict = run_check("checkpoint", inputs)
     except PreflightError:
