@@ -459,3 +459,64 @@ def test_doctor_and_validate_give_one_verdict(host: dict[str, Any], tmp_path: Pa
     assert (code == 0) is report.ok
     assert sorted(f["code"] for f in validated["findings"] if f["severity"] != "info") == sorted(
         f.code for f in report.findings if "." in f.code)
+
+
+# --------------------------------------------------------------------------- a precompiled directory, as the load checks it
+
+
+def _rank_removed(compiled: Path) -> None:
+    (compiled / "weights" / "tp1_sharded_checkpoint.safetensors").unlink()
+
+
+def _manifest_removed(compiled: Path) -> None:
+    from nxdi_gptoss_fp8.validate.presharded_manifest import MANIFEST_FILE
+
+    (compiled / "weights" / MANIFEST_FILE).unlink()
+
+
+def _tp_degree_4(compiled: Path) -> None:
+    path = compiled / "neuron_config.json"
+    document = json.loads(path.read_text())
+    document["neuron_config"]["tp_degree"] = 4
+    path.write_text(json.dumps(document))
+
+
+PRECOMPILED = {"intact": lambda compiled: None, "a rank file removed": _rank_removed,
+               "the manifest removed": _manifest_removed, "tp_degree 4 in its neuron_config.json": _tp_degree_4}
+
+
+@pytest.mark.parametrize("tampering", list(PRECOMPILED))
+def test_a_precompiled_directory_gets_the_loads_presharded_checks(tiny_template: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch, tampering: str) -> None:
+    """The start plan's ``presharded`` check on ``NEURON_COMPILED_ARTIFACTS`` (what ``validate COMPILED``
+    runs): doctor errs exactly when the hooked ``load_weights`` of the stand-in NxDI refuses."""
+    import shutil
+
+    import presharded_cases as cases
+
+    from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
+
+    with cases.standin(monkeypatch) as nxdi:
+        monkeypatch.setenv(nxdi_hook.ENV_VAR, nxdi_hook.NORMALIZED_FP8)
+        nxdi_hook.register()
+        try:
+            ckpt = Path(shutil.copytree(tiny_template, tmp_path / "ckpt"))
+            compiled = tmp_path / "compiled"
+            cases.compile_shards(nxdi.modeling_gpt_oss, ckpt, compiled)
+            (compiled / "model.pt").write_bytes(b"")  # what NxDI's compile writes beside its config
+            PRECOMPILED[tampering](compiled)
+            command = ["vllm", "serve", str(ckpt), "-tp", str(cases.TP), "--no-enable-prefix-caching",
+                       recipes.VLLM_ADDITIONAL_CONFIG_FLAG, json.dumps(recipes.vllm_override(str(ckpt), 64, 64))]
+            environ = {"CHECKPOINT_FORMAT": "normalized_fp8", "NEURON_COMPILED_ARTIFACTS": str(compiled),
+                       fmt.ALLOW_CUSTOM_ENV: "1"}
+            report = lint_serving_host(command, environ)
+            try:
+                cases.load(cases.load_app(nxdi.modeling_gpt_oss, compiled, ckpt), compiled)
+                loaded = True
+            except Exception:  # any refusal of the load
+                loaded = False
+        finally:
+            nxdi_hook.unregister()
+    errors = [f.code for f in report.findings if f.severity == "error"]
+    assert report.ok is loaded is (tampering == "intact"), report.render_text()
+    assert loaded or any(code.startswith("presharded.") for code in errors), errors
