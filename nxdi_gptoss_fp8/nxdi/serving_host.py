@@ -245,6 +245,9 @@ def _plan_entry_point(inputs: StartInputs, findings: list[HostFinding]) -> None:
 def _plan_client_config(inputs: StartInputs, findings: list[HostFinding]) -> None:
     if inputs.client is None:
         return
+    if inputs.model is None:  # vLLM stops reading the model first (its finding says why)
+        inputs.config = vllm_neuron_config(inputs.client.settings, inputs.client.override)
+        return
     try:
         run_check("client_config", inputs)
     except ConfigError as exc:
