@@ -235,6 +235,16 @@ def _refused(findings: list[HostFinding], code: str, setting: str, exc: Exceptio
     _finding(findings, code, setting, str(exc).splitlines()[0] if str(exc) else type(exc).__name__, warning=warning)
 
 
+def _no_model_config(model: str, findings: list[HostFinding]) -> None:
+    if any(f.code == "no_model_config" for f in findings):
+        return
+    recognition = recognize(model)
+    what = f"; {recognition.hint()}" if recognition.known else ""
+    _finding(findings, "no_model_config", "MODEL", f"{model!r} has no config.json naming the model's architectures, "
+             f"which vLLM reads the model from (vllm-neuron stops: \"No architectures specified\"){what}: serve the "
+             "checkpoint directory")
+
+
 def _plan_entry_point(inputs: StartInputs, findings: list[HostFinding]) -> None:
     try:
         run_check("entry_point", inputs)
@@ -246,6 +256,10 @@ def _plan_client_config(inputs: StartInputs, findings: list[HostFinding]) -> Non
     if inputs.client is None:
         return
     if inputs.model is None:  # vLLM stops reading the model first (its finding says why)
+        inputs.config = vllm_neuron_config(inputs.client.settings, inputs.client.override)
+        return
+    if not isinstance(inputs.model_config, dict) or not inputs.model_config.get("architectures"):
+        _no_model_config(inputs.model, findings)  # vllm-neuron's first step (_get_model_configs) refuses it
         inputs.config = vllm_neuron_config(inputs.client.settings, inputs.client.override)
         return
     try:
@@ -325,10 +339,7 @@ def _plan_checkpoint(inputs: StartInputs, findings: list[HostFinding]) -> int:
             return 0
         if os.path.realpath(named) != os.path.realpath(model):
             if not isinstance(model_config, dict) or not model_config.get("architectures"):
-                recognition = recognize(model)
-                what = f"; {recognition.hint()}" if recognition.known else ""
-                _finding(findings, "no_model_config", "MODEL", f"{model!r} has no config.json naming the model's "
-                         f"architectures, which vLLM reads the model from{what}: serve the checkpoint directory")
+                _no_model_config(model, findings)
             problem = checkpoint_path_problem(inputs.config, model)  # the start's rule (validate DIR --neuron-config's)
             if problem is not None and named.rstrip("/") == PLACEHOLDER_PATH:
                 _finding(findings, "checkpoint_path_placeholder", "quantized_checkpoints_path", problem)
