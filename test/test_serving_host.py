@@ -380,6 +380,7 @@ def test_the_doctor_command(host: dict[str, Any], monkeypatch: pytest.MonkeyPatc
     document = json.loads(capsys.readouterr().out)
     assert document["ok"] is False and [f["code"] for f in document["findings"]] == ["checkpoint_format"]
     assert "model of vllm-neuron" in document["neuron_config_built_by"]
+    assert set(document["release_differences"]) == {"model lookup", "blocks", "quantization", "lora"}
 
 
 # --------------------------------------------------------------------------- hostile input

@@ -22,7 +22,13 @@ from typing import Any
 
 from ..deps import importable
 from ..errors import ConfigError
-from ..validate.vllm_config import CLIENT_RELEASES, VllmSettings, client_refusals, vllm_neuron_config
+from ..validate.vllm_config import (
+    CLIENT_RELEASES,
+    RELEASE_DIFFERENCES,
+    VllmSettings,
+    client_refusals,
+    vllm_neuron_config,
+)
 
 __all__ = ["LOADER_MODULE", "MAX_NUM_BATCHED_TOKENS", "ClientStart", "installed_loader"]
 
@@ -77,7 +83,8 @@ class ClientStart:
         if loader is not None and hasattr(loader, "_get_default_neuron_config"):
             return self._by_client(loader)
         self.built_by = (f"the package's model of vllm-neuron {' and '.join(CLIENT_RELEASES)} ({why_not or 'not importable'}"
-                         "; where the releases differ, each is named)")
+                         f"; they differ in {', '.join(RELEASE_DIFFERENCES)} — a refusal only one has names it: "
+                         "docs/serving.md)")
         refusals = {release: client_refusals(self.settings, self.override, release) for release in CLIENT_RELEASES}
         every = [line for line in refusals[CLIENT_RELEASES[-1]] if all(line in r for r in refusals.values())]
         if every:

@@ -42,7 +42,7 @@ from ..safeio.json_file import JsonFileError, read_json_file
 from ..units import plural, printable
 from ..validate.nxdi_config import config_attr, describe, neuron_config_view, read_config_file
 from ..validate.verdict import PLACEHOLDER_PATH, checkpoint_path_problem
-from ..validate.vllm_config import VLLM_OVERRIDE_KEY, vllm_neuron_config
+from ..validate.vllm_config import RELEASE_DIFFERENCES, VLLM_OVERRIDE_KEY, vllm_neuron_config
 from .client_config import ClientStart
 from .recipes import HARMONY_VOCABULARY, HARMONY_VOCABULARY_URL, O200K_BASE_SHA256, VLLM_ADDITIONAL_CONFIG_FLAG
 from .start_plan import (
@@ -101,7 +101,8 @@ class HostReport:
                  for word in self.command]
         return {"ok": self.ok, "command": shown, "model": self.model,
                 "findings": [asdict(f) for f in self.findings], "omitted": self.omitted,
-                "neuron_config_built_by": self.built_by or None}
+                "neuron_config_built_by": self.built_by or None,
+                "release_differences": dict(RELEASE_DIFFERENCES) if "model of" in self.built_by else None}
 
     def render_text(self) -> str:
         lines = [f.render() for f in self.findings]
