@@ -4,7 +4,8 @@
 the hook: direct imports, ``utils.constants.MODEL_TYPES["gpt_oss"]["causal-lm"]`` (the same
 class object; vllm-neuron's lookup) and NxDI's ``inference_demo`` (given a ``gpt_oss`` entry when
 loaded). Each wrapped method decides the mode at call time, as NxDI does: normalized mode → our
-path (preflight with NxDI's config, every finding raised, never a fallback; then the zero-copy
+path (the start plan's checks, ``start_plan.run_check``: the settings by the load's readers, the
+preflight with NxDI's config, every finding raised, never a fallback; then the zero-copy
 ``loader.load_checkpoint`` given that report and the same config object); any other value → the
 original NxDI method, same arguments, result untouched; a misspelling of ``normalized_fp8`` or
 two contradicting opt-ins → ``CheckpointFormatError``. Our part of each call runs under

@@ -1,27 +1,22 @@
 """The serving-host check (``nxdi-gptoss-fp8 doctor``): a ``vllm serve`` command line and the
-environment it runs in, judged as the start judges them, before the server starts.
+environment it runs in, judged by the start's own checks, before the server starts.
 
-``doctor`` is the load's verdict, not a lint of its own: the command is read as vLLM reads it
-(``vllm_command``), the NeuronConfig is built as vllm-neuron builds it (its defaults, then
-``override_neuron_config``), and the checkpoint the load would read is judged by the one function
-``validate DIR --neuron-config FILE`` runs (``validate.verdict.checkpoint_verdict``: the
-preflight, with the NeuronConfig; a directory that is another kind of checkpoint named as
-``inspect`` names it, with its action). Around it, what the start reads from the host:
+``doctor`` runs the start plan (``start_plan.PLAN``), the list of checks the hook runs at the
+start, evaluated here without NxDI, check by check in its order (``EVALUATE``: doctor's reading
+of each): the entry point vLLM loads (``VLLM_PLUGINS``), the NeuronConfig vllm-neuron builds from
+the command (``vllm_command`` reads it as vLLM does; ``client_config`` builds it with vllm-neuron's
+own functions where installed, else with the package's model) and what vllm-neuron refuses in it,
+``CHECKPOINT_FORMAT``, every ``NXDI_GPTOSS_FP8_*`` setting by the load's readers, where the
+compile writes, a precompiled directory's pre-sharded weights (its ``neuron_config.json`` then
+replaces the override), and the checkpoint the load reads judged by ``checkpoint_verdict`` (what
+``validate DIR --neuron-config FILE`` runs). Then Harmony's vocabulary: vLLM renders ``gpt_oss``
+through openai-harmony, which with ``TIKTOKEN_ENCODINGS_BASE`` set reads
+``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken`` and refuses it unless its SHA-256 is
+``O200K_BASE_SHA256``, and without it downloads the file (an air-gapped host cannot: a warning).
+A command vLLM refuses while parsing it is that finding alone.
 
-* ``CHECKPOINT_FORMAT``, read by the hook's own parser (``hook.normalized_mode``; the config's
-  ``checkpoint_format`` counts too): without the opt-in NxDI never runs our load path;
-* ``NEURON_COMPILED_ARTIFACTS``: a regular file stops the start; unset, vllm-neuron compiles into
-  ``MODEL/neuron-compiled-artifacts/<md5>/`` and deletes it at every start (every restart
-  recompiles: a warning); inside the checkpoint, a warning (the compile output then sits in the
-  checkpoint); holding precompiled artifacts, vLLM loads them and their ``neuron_config.json``
-  replaces the override: that config is the one checked;
-* Harmony's vocabulary: vLLM renders ``gpt_oss`` through openai-harmony, which with
-  ``TIKTOKEN_ENCODINGS_BASE`` set reads ``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken`` and
-  refuses it unless its SHA-256 is ``O200K_BASE_SHA256``, and without it downloads the file
-  (an air-gapped host cannot: a warning).
-
-Each finding is one line with its fix; errors are what stops the start. Stdlib only; nothing is
-imported from NxDI or vLLM.
+Each finding is one line with its fix; errors are what stops the start. Stdlib only where
+vllm-neuron is not installed; nothing is imported from NxDI.
 """
 
 from __future__ import annotations
