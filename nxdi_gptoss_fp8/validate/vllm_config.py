@@ -53,8 +53,10 @@ def vllm_neuron_config(settings: VllmSettings, override: Mapping[str, Any] | Non
     """The NeuronConfig attributes vllm-neuron hands NxDI (``get_neuron_model``): its defaults
     from vLLM's settings, then ``override_neuron_config`` over them, with ``quantization_type`` /
     ``quantization_dtype`` filled in as ``per_tensor_symmetric`` / ``int8`` when the override sets
-    ``quantized`` without them (0.2.0 does it; at 0.1.0 NxDI's NeuronConfig defaults give the
-    same values). Objects vllm-neuron builds (``OnDeviceSamplingConfig``) are their fields here."""
+    ``quantized`` without them (``release`` 0.2.0 does it; 0.1.0 leaves them out, and NxDI's
+    NeuronConfig defaults give the same values; 0.2.0's platform also adds the null block to
+    ``--num-gpu-blocks-override``). Objects vllm-neuron builds (``OnDeviceSamplingConfig``) are
+    their fields here; ``test_nxdi_client_config`` holds this to vllm-neuron's own functions."""
     batch_size = settings.max_num_seqs
     seq_len = settings.max_model_len
     blocks = settings.num_gpu_blocks_override
@@ -75,7 +77,7 @@ def vllm_neuron_config(settings: VllmSettings, override: Mapping[str, Any] | Non
     config.update(override)
     for key in ("text_neuron_config", "vision_neuron_config"):
         config.pop(key, None)
-    if "quantized" in override:
+    if "quantized" in override and release != CLIENT_RELEASES[0]:  # 0.1.0 leaves them to NxDI's defaults (the same)
         config["quantization_type"] = override.get("quantization_type", "per_tensor_symmetric")
         config["quantization_dtype"] = override.get("quantization_dtype", "int8")
         config["quantized_checkpoints_path"] = override.get("quantized_checkpoints_path")
