@@ -49,7 +49,7 @@ from .units import plural
 from .validate.binding import Binding, config_fingerprint
 from .validate.findings import PreflightReport
 from .validate.integrity import DIGESTS_KEY
-from .validate.nxdi_config import config_attr, neuron_config_view, parse_load_mode, parse_verify_at_load
+from .validate.nxdi_config import config_attr, load_choices, neuron_config_view
 from .validate.pipeline import allow_custom_from_env, preflight
 from .validate.view import CheckpointView
 
@@ -167,33 +167,8 @@ class LoadPolicy:
     def resolve(cls, config: Any = None, environ: Mapping[str, str] | None = None) -> LoadPolicy:
         """Read both choices from the environment and the NeuronConfig; ``LoadError`` for a value
         that is neither on/off (verify) nor a known mode, or for two disagreeing modes."""
-        env = os.environ if environ is None else environ
-        nc = neuron_config_view(config) if config is not None else None
-        verify = _switch(env.get(fmt.VERIFY_AT_LOAD_ENV), fmt.VERIFY_AT_LOAD_ENV) or _switch(
-            config_attr(nc, fmt.VERIFY_AT_LOAD_ATTR) if nc is not None else None, f"neuron_config.{fmt.VERIFY_AT_LOAD_ATTR}")
-        modes = {source: mode for source, mode in (
-            (fmt.LOAD_MODE_ENV, _mode(env.get(fmt.LOAD_MODE_ENV), fmt.LOAD_MODE_ENV)),
-            (f"neuron_config.{fmt.LOAD_MODE_ATTR}", _mode(config_attr(nc, fmt.LOAD_MODE_ATTR) if nc is not None else None,
-                                                       f"neuron_config.{fmt.LOAD_MODE_ATTR}")),
-        ) if mode is not None}
-        if len(set(modes.values())) > 1:
-            raise LoadError(" contradicts ".join(f"{source}={mode!r}" for source, mode in modes.items())
-                            + ": set one of them, or both to the same mode")
-        return cls(verify_digests=verify, load_mode=next(iter(modes.values()), fmt.LOAD_MODE_MMAP))
-
-
-def _switch(value: Any, source: str) -> bool:
-    try:
-        return parse_verify_at_load(value)
-    except ValueError as exc:
-        raise LoadError(f"{source}={value!r} {exc}") from None
-
-
-def _mode(value: Any, source: str) -> str | None:
-    try:
-        return parse_load_mode(value)
-    except ValueError as exc:
-        raise LoadError(f"{source}={value!r} {exc}") from None
+        verify, mode = load_choices(config, environ)  # the one reader (the start plan reads it too)
+        return cls(verify_digests=verify, load_mode=mode)
 
 
 @dataclass

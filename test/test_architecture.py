@@ -347,3 +347,48 @@ def test_one_public_name_one_definition() -> None:
     assert unexplained == {}, "define each public name once: import it, or name the other concept differently"
     stale = sorted(set(ONE_DEFINITION_EXCEPTIONS) - set(twice))
     assert stale == [], f"no longer defined twice: remove from ONE_DEFINITION_EXCEPTIONS: {stale}"
+
+
+
+# the optional dependencies a function-level import in nxdi/ may wait for (named in its comment)
+OPTIONAL_DEPENDENCIES = {"NxDI": "neuronx_distributed_inference", "torch": "torch", "transformers": "transformers",
+                         "huggingface_hub": "huggingface_hub"}
+
+
+def _needs_an_optional_dependency(name: str, seen: set[str] | None = None) -> bool:
+    """Whether importing package module ``name`` imports an optional dependency (at module level,
+    itself or through the package modules it imports at module level)."""
+    seen = set() if seen is None else seen
+    if name in seen or name not in MODULES:
+        return False
+    seen.add(name)
+    imports = [(target, kind) for target, kind, _line in _imports(name) if kind == "module"]
+    if any(target.split(".")[0] in OPTIONAL_DEPENDENCIES.values() for target, _kind in imports):
+        return True
+    return any(_needs_an_optional_dependency(target, seen) for target, _kind in imports if target.startswith(PKG))
+
+
+def test_nxdi_imports_lazily_only_for_an_optional_dependency_and_says_which() -> None:
+    """No module of ``nxdi/`` imports another module (of the package or the stdlib) inside a function
+    to dodge an import circle: a function-level import stays only for an optional dependency (NxDI,
+    torch, transformers, huggingface_hub), the dependency named in its comment, and a package module
+    imported so really needs one. The count is checked too, so a new one is a decision."""
+    lazy, bad = [], []
+    for name in sorted(n for n in MODULES if n.startswith(f"{PKG}.nxdi")):
+        lines = MODULES[name].read_text(encoding="utf-8").splitlines()
+        for target, kind, line in _imports(name):
+            if kind != "lazy":
+                continue
+            lazy.append(f"{name}:{line} {target}")
+            comment = lines[line - 1].partition("#")[2]
+            named = [dep for dep in OPTIONAL_DEPENDENCIES if dep in comment]
+            if not named:
+                bad.append(f"{name}:{line} imports {target} in a function without a comment naming the optional "
+                           f"dependency it waits for ({', '.join(OPTIONAL_DEPENDENCIES)}): import it at module level")
+            elif target.startswith(PKG) and not _needs_an_optional_dependency(target):
+                bad.append(f"{name}:{line} imports {target} in a function, which needs no optional dependency: import "
+                           "it at module level")
+            elif not target.startswith(PKG) and target.split(".")[0] not in OPTIONAL_DEPENDENCIES.values():
+                bad.append(f"{name}:{line} imports {target} in a function: only an optional dependency may wait")
+    assert bad == []
+    assert len(lazy) <= 4, f"{len(lazy)} function-level imports in nxdi/ (each needs its reason): {lazy}"

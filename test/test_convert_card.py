@@ -300,12 +300,17 @@ def test_the_cards_commands_pass_when_run(tmp_path: Path, kind: str, capsys: pyt
     out = tmp_path / "out"
     convert(src, out, max_shard_size="40KB", progress=False)
     _, body = card(out)
-    (tmp_path / "neuron_config.json").write_text(json.dumps(neuron_config_block(body)))
+    block = neuron_config_block(body)
+    (tmp_path / "neuron_config.json").write_text(json.dumps(block))  # the placeholder path, as printed
     commands = [line.split("   #")[0].strip() for block in re.findall(r"```bash\n(.*?)\n```", body, re.S)
                 for line in block.splitlines() if line.startswith("nxdi-gptoss-fp8 ")]
     assert any(" validate " in c for c in commands) and any(" verify-conversion " in c for c in commands)
     assert all("--allow-custom-model" in c for c in commands if " validate " in c)  # the tiny model is custom
     monkeypatch.chdir(out)
+    validate = next(c for c in commands if " validate " in c)
+    assert cli.main(shlex.split(validate)[1:]) == 1  # the card says: set quantized_checkpoints_path first
+    assert "quantized_checkpoints_path" in capsys.readouterr().out
+    (tmp_path / "neuron_config.json").write_text(json.dumps({**block, "quantized_checkpoints_path": str(out)}))
     for command in commands:
         argv = [str(src) if word == "SRC" else word for word in shlex.split(command)[1:]]
         published = next((word for word in argv if word.startswith("YOUR-ORG/")), None)

@@ -637,8 +637,8 @@ def test_hook_binds_the_report_to_the_config_it_loads_with(nxdi: SimpleNamespace
     nxdi_hook.register()
     checked_preflight = nxdi_hook.checked_preflight
 
-    def then_change(path: str, config: Any) -> Any:
-        report = checked_preflight(path, config)
+    def then_change(path: str, config: Any, inputs: Any = None) -> Any:
+        report = checked_preflight(path, config, inputs)
         config.neuron_config.tp_degree = 2
         return report
 
@@ -904,3 +904,79 @@ def test_a_setting_refused_at_load_is_not_a_value_error(nxdi: SimpleNamespace, t
     with pytest.raises(LoadRefusedError) as caught:
         app_state_dict(nxdi, tiny_template)
     assert fmt.ALLOW_CUSTOM_ENV in str(caught.value) and isinstance(caught.value.__cause__, errors.ConfigError)
+
+
+# --------------------------------------------------------------------------- the start plan
+
+
+def _plan_trace(run: Callable[[], Any]) -> list[tuple[str, str | None]]:
+    """``run()`` with every call of a check primitive recorded with the start plan check it ran in
+    (None: outside the plan). The primitives: every reader and verdict the start can refuse by."""
+    from nxdi_gptoss_fp8.nxdi import start_plan
+    from nxdi_gptoss_fp8.validate import nxdi_config, pipeline, presharded, verdict
+
+    primitives = {func.__code__: func.__qualname__ for func in (
+        start_plan.normalized_mode, start_plan.entry_point, start_plan.compile_target, pipeline.allow_custom_from_env,
+        pipeline.preflight, nxdi_config.load_choices, nxdi_config.reference_choice, verdict.checkpoint_verdict,
+        presharded.check_presharded, presharded.compiled_verdict)}
+    calls: list[tuple[str, str | None]] = []
+
+    def profile(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and frame.f_code in primitives:
+            calls.append((primitives[frame.f_code], start_plan.active_check()))
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_every_check_the_hook_runs_at_the_start_is_in_the_plan(nxdi: SimpleNamespace, tiny_template: Path,
+                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start through every hooked entry (the checkpoint loader, save_quantized, a pre-sharded compile
+    and load): each check it makes runs as a check of ``start_plan.PLAN``, so doctor, which
+    evaluates that list, makes it too."""
+    import shutil
+
+    import presharded_cases as cases
+
+    from nxdi_gptoss_fp8.nxdi import start_plan
+
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, nxdi_hook.NORMALIZED_FP8)
+    nxdi_hook.register()
+    ckpt = Path(shutil.copytree(tiny_template, tmp_path / "ckpt"))
+    compiled = tmp_path / "compiled"
+
+    def start() -> None:
+        app_state_dict(nxdi, ckpt)
+        nxdi.modeling_gpt_oss.NeuronGptOssForCausalLM.save_quantized_state_dict(str(ckpt), make_config(nxdi, ckpt))
+        cases.compile_shards(nxdi.modeling_gpt_oss, ckpt, compiled)
+        cases.load(cases.load_app(nxdi.modeling_gpt_oss, compiled, ckpt), compiled)
+
+    calls = _plan_trace(start)
+    outside = [name for name, check in calls if check is None]
+    assert outside == [], f"checks the hook ran outside the start plan: {sorted(set(outside))}"
+    ran = {check for _name, check in calls}
+    assert ran <= set(start_plan.plan_names())
+    assert {"checkpoint_format", "allow_custom_model", "checkpoint", "load_choices", "presharded"} <= ran
+
+
+def test_the_hook_refuses_each_setting_as_the_plan_does(nxdi: SimpleNamespace, tiny_template: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ture``, ``privat`` and two disagreeing modes: the load's refusal is the plan's, word for word."""
+    from nxdi_gptoss_fp8.nxdi import start_plan
+
+    monkeypatch.setenv(nxdi_hook.ENV_VAR, nxdi_hook.NORMALIZED_FP8)
+    nxdi_hook.register()
+    for name, value, override in ((fmt.VERIFY_AT_LOAD_ENV, "ture", {}), (fmt.LOAD_MODE_ENV, "privat", {}),
+                                  (fmt.LOAD_MODE_ENV, "private", {fmt.LOAD_MODE_ATTR: "mmap"})):
+        monkeypatch.setenv(name, value)
+        config = make_config(nxdi, tiny_template, **override)
+        with pytest.raises(LoadError) as planned:
+            start_plan.run_check("load_choices", start_plan.StartInputs(os.environ, config))
+        with pytest.raises(LoadError) as loaded:
+            app_state_dict(nxdi, tiny_template, **override)
+        assert str(loaded.value) == str(planned.value)
+        monkeypatch.delenv(name)

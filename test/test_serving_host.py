@@ -173,6 +173,30 @@ def _rename_key(host: dict[str, Any]) -> None:
     command[flag + 1] = command[flag + 1].replace(OVERRIDE, "override-neuron-config")
 
 
+def _both(*changes: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], None]:
+    def apply(host: dict[str, Any]) -> None:
+        for change in changes:
+            change(host)
+    return apply
+
+
+def _drop_word(word: str) -> Callable[[dict[str, Any]], None]:
+    return lambda host: host["command"].remove(word)
+
+
+def _compiled_link(host: dict[str, Any]) -> None:
+    link = host["tmp"] / "compiled-link"
+    link.symlink_to(host["model"])
+    host["environ"]["NEURON_COMPILED_ARTIFACTS"] = str(link)
+
+
+def _too_few_blocks(host: dict[str, Any]) -> None:
+    """The issue's command: 100 tokens in blocks of 32 need 4 blocks, vllm-neuron 0.2.0 computes 3."""
+    host["command"].remove("--no-enable-prefix-caching")
+    host["command"].extend(["--max-model-len", "100", "--block-size", "32", "--enable-prefix-caching", "--max-num-seqs",
+                            "1", "--tensor-parallel-size", "2"])
+
+
 # fault → (change, a code it must produce, whether the start still loads)
 FAULTS: dict[str, tuple[Callable[[dict[str, Any]], None], str, bool]] = {
     "override key with hyphens": (_rename_key, "override_key_spelling", False),
@@ -216,6 +240,31 @@ FAULTS: dict[str, tuple[Callable[[dict[str, Any]], None], str, bool]] = {
     "vocabulary with another SHA-256": (_vocabulary(b"other 0\n"), "harmony_vocabulary_wrong", False),
     "custom model not allowed": (lambda h: h["environ"].pop(fmt.ALLOW_CUSTOM_ENV), "config.custom_profile_not_allowed", False),
     "unreadable opt-in": (lambda h: h["environ"].update({fmt.ALLOW_CUSTOM_ENV: "ture"}), "unreadable_setting", False),
+    # every NXDI_GPTOSS_FP8_* setting by the load's own reader (the start plan's load_choices)
+    "verify switch misspelled": (lambda h: h["environ"].update({fmt.VERIFY_AT_LOAD_ENV: "ture"}), "unreadable_setting", False),
+    "load mode misspelled": (lambda h: h["environ"].update({fmt.LOAD_MODE_ENV: "privat"}), "unreadable_setting", False),
+    "load modes disagree": (_both(lambda h: h["environ"].update({fmt.LOAD_MODE_ENV: "private"}),
+                                  _override(lambda d: d.update({fmt.LOAD_MODE_ATTR: "mmap"}))), "unreadable_setting", False),
+    "reference misspelled (the accuracy check's only)": (
+        lambda h: h["environ"].update({fmt.REFERENCE_ENV: "dequantised"}), "unreadable_setting", True),
+    # where the compile writes: beside the shards, model.pt is then refused by the load's preflight
+    "NEURON_COMPILED_ARTIFACTS is MODEL": (lambda h: h["environ"].update(NEURON_COMPILED_ARTIFACTS=str(h["model"])),
+                                           "compiled_artifacts_is_the_checkpoint", False),
+    "NEURON_COMPILED_ARTIFACTS is MODEL/": (lambda h: h["environ"].update(NEURON_COMPILED_ARTIFACTS=f"{h['model']}/"),
+                                            "compiled_artifacts_is_the_checkpoint", False),
+    "NEURON_COMPILED_ARTIFACTS a symlink to MODEL": (_compiled_link, "compiled_artifacts_is_the_checkpoint", False),
+    # the entry point vLLM loads, and vllm-neuron's own refusals
+    "VLLM_PLUGINS without ours": (lambda h: h["environ"].update(VLLM_PLUGINS="neuron"), "entry_point_not_loaded", False),
+    "VLLM_PLUGINS empty": (lambda h: h["environ"].update(VLLM_PLUGINS=""), "entry_point_not_loaded", False),
+    "too few KV blocks with prefix caching": (_too_few_blocks, "client_refused", False),
+    "pa_num_blocks without --num-gpu-blocks-override": (
+        _both(_drop_word("--no-enable-prefix-caching"), _override(lambda d: d.update(pa_num_blocks=8))),
+        "client_refused", False),
+    "prefix caching on, is_prefix_caching off": (
+        _both(_drop_word("--no-enable-prefix-caching"), _override(lambda d: d.update(is_prefix_caching=False))),
+        "client_refused", False),
+    "the card's placeholder path": (_override(lambda d: d.update(quantized_checkpoints_path="/path/to/this/directory")),
+                                    "checkpoint_path_placeholder", False),
 }
 
 
@@ -227,6 +276,36 @@ def test_each_fault_is_found_with_its_fix(host: dict[str, Any], fault: str) -> N
     assert code in [f.code for f in report.findings], report.render_text()
     assert report.ok is loads
     assert all("\n" not in f.render() for f in report.findings)
+
+
+def test_vllm_plugins_naming_the_entry_point_passes(host: dict[str, Any]) -> None:
+    host["environ"]["VLLM_PLUGINS"] = "neuron,nxdi_gptoss_fp8"
+    assert lint_serving_host(host["command"], host["environ"]).findings == []
+
+
+def test_a_rule_only_one_release_has_is_named_with_its_release(host: dict[str, Any]) -> None:
+    """On a host without vllm-neuron, the model of both releases: 0.1.0 has no block-count rule."""
+    _too_few_blocks(host)
+    (finding,) = [f for f in lint_serving_host(host["command"], host["environ"]).findings if f.code == "client_refused"]
+    assert "vllm-neuron 0.2.0 refuses" in finding.message and "0.1.0 does not" in finding.message
+    assert "At least 4 blocks are required" in finding.message
+
+
+@pytest.mark.parametrize("text", ["{'override_neuron_config': {'quantized': True}}", "{override_neuron_config: {}}"])
+def test_an_additional_config_that_is_not_json_is_the_only_finding_and_says_json(host: dict[str, Any], text: str) -> None:
+    """vLLM refuses the argument while parsing: nothing after it runs, so nothing after it is reported."""
+    flag = host["command"].index(recipes.VLLM_ADDITIONAL_CONFIG_FLAG)
+    host["command"][flag + 1] = text
+    (finding,) = lint_serving_host(host["command"], host["environ"]).findings
+    assert finding.code == "bad_additional_config" and "double quotes inside" in finding.message
+    assert "wrapped in single quotes for the shell" in finding.message
+    assert ("a Python dict" in finding.message) is text.startswith("{'")
+
+
+def test_doctor_evaluates_every_check_of_the_start_plan() -> None:
+    from nxdi_gptoss_fp8.nxdi import start_plan
+
+    assert list(serving_host.EVALUATE) == list(start_plan.plan_names())
 
 
 @pytest.mark.parametrize("kind", ["hf-mxfp4", "hf-bf16", "compiled"])
@@ -294,11 +373,14 @@ def test_the_doctor_command(host: dict[str, Any], monkeypatch: pytest.MonkeyPatc
     for name, value in host["environ"].items():
         monkeypatch.setenv(name, value)
     assert cli.main(["doctor", "--", *host["command"]]) == 0
-    assert capsys.readouterr().out.startswith("OK: 0 errors")
+    first, verdict = capsys.readouterr().out.splitlines()
+    assert verdict.startswith("OK: 0 errors") and "model of vllm-neuron 0.1.0 and 0.2.0" in first  # CPU host: modelled
     monkeypatch.setenv("CHECKPOINT_FORMAT", "hf")
     assert cli.main(["doctor", "--json", "--", *host["command"]]) == 1
     document = json.loads(capsys.readouterr().out)
     assert document["ok"] is False and [f["code"] for f in document["findings"]] == ["checkpoint_format"]
+    assert "model of vllm-neuron" in document["neuron_config_built_by"]
+    assert set(document["release_differences"]) == {"model lookup", "blocks", "quantization", "lora"}
 
 
 # --------------------------------------------------------------------------- hostile input
@@ -378,3 +460,64 @@ def test_doctor_and_validate_give_one_verdict(host: dict[str, Any], tmp_path: Pa
     assert (code == 0) is report.ok
     assert sorted(f["code"] for f in validated["findings"] if f["severity"] != "info") == sorted(
         f.code for f in report.findings if "." in f.code)
+
+
+# --------------------------------------------------------------------------- a precompiled directory, as the load checks it
+
+
+def _rank_removed(compiled: Path) -> None:
+    (compiled / "weights" / "tp1_sharded_checkpoint.safetensors").unlink()
+
+
+def _manifest_removed(compiled: Path) -> None:
+    from nxdi_gptoss_fp8.validate.presharded_manifest import MANIFEST_FILE
+
+    (compiled / "weights" / MANIFEST_FILE).unlink()
+
+
+def _tp_degree_4(compiled: Path) -> None:
+    path = compiled / "neuron_config.json"
+    document = json.loads(path.read_text())
+    document["neuron_config"]["tp_degree"] = 4
+    path.write_text(json.dumps(document))
+
+
+PRECOMPILED = {"intact": lambda compiled: None, "a rank file removed": _rank_removed,
+               "the manifest removed": _manifest_removed, "tp_degree 4 in its neuron_config.json": _tp_degree_4}
+
+
+@pytest.mark.parametrize("tampering", list(PRECOMPILED))
+def test_a_precompiled_directory_gets_the_loads_presharded_checks(tiny_template: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch, tampering: str) -> None:
+    """The start plan's ``presharded`` check on ``NEURON_COMPILED_ARTIFACTS`` (what ``validate COMPILED``
+    runs): doctor errs exactly when the hooked ``load_weights`` of the stand-in NxDI refuses."""
+    import shutil
+
+    import presharded_cases as cases
+
+    from nxdi_gptoss_fp8.nxdi import hook as nxdi_hook
+
+    with cases.standin(monkeypatch) as nxdi:
+        monkeypatch.setenv(nxdi_hook.ENV_VAR, nxdi_hook.NORMALIZED_FP8)
+        nxdi_hook.register()
+        try:
+            ckpt = Path(shutil.copytree(tiny_template, tmp_path / "ckpt"))
+            compiled = tmp_path / "compiled"
+            cases.compile_shards(nxdi.modeling_gpt_oss, ckpt, compiled)
+            (compiled / "model.pt").write_bytes(b"")  # what NxDI's compile writes beside its config
+            PRECOMPILED[tampering](compiled)
+            command = ["vllm", "serve", str(ckpt), "-tp", str(cases.TP), "--no-enable-prefix-caching",
+                       recipes.VLLM_ADDITIONAL_CONFIG_FLAG, json.dumps(recipes.vllm_override(str(ckpt), 64, 64))]
+            environ = {"CHECKPOINT_FORMAT": "normalized_fp8", "NEURON_COMPILED_ARTIFACTS": str(compiled),
+                       fmt.ALLOW_CUSTOM_ENV: "1"}
+            report = lint_serving_host(command, environ)
+            try:
+                cases.load(cases.load_app(nxdi.modeling_gpt_oss, compiled, ckpt), compiled)
+                loaded = True
+            except Exception:  # any refusal of the load
+                loaded = False
+        finally:
+            nxdi_hook.unregister()
+    errors = [f.code for f in report.findings if f.severity == "error"]
+    assert report.ok is loaded is (tampering == "intact"), report.render_text()
+    assert loaded or any(code.startswith("presharded.") for code in errors), errors

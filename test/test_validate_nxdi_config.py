@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.synthetic.tiny import TINY_DIMS
@@ -197,3 +200,42 @@ def test_hard_coded_values_are_nxdi_s() -> None:
     assert assigned["n_shared_experts"] == {0}
     assert "self.is_sliding_window_layer = layer_idx % 2 == 0" in source
     assert "layer_types" not in source  # NxDI never reads it
+
+
+# --------------------------------------------------------------------------- the load's two choices
+
+
+@pytest.mark.parametrize(("environ", "attrs", "expected"), [
+    ({}, {}, (False, "mmap")),
+    ({"NXDI_GPTOSS_FP8_VERIFY_AT_LOAD": "on"}, {}, (True, "mmap")),
+    ({}, {"normalized_fp8_verify_at_load": True, "normalized_fp8_load_mode": "private"}, (True, "private")),
+    ({"NXDI_GPTOSS_FP8_LOAD_MODE": " PRIVATE "}, {"normalized_fp8_load_mode": "private"}, (False, "private")),
+    ({"NXDI_GPTOSS_FP8_VERIFY_AT_LOAD": "ture"}, {}, "NXDI_GPTOSS_FP8_VERIFY_AT_LOAD='ture' is not on or off"),
+    ({"NXDI_GPTOSS_FP8_LOAD_MODE": "privat"}, {}, "is not a load mode"),
+    ({"NXDI_GPTOSS_FP8_LOAD_MODE": "private"}, {"normalized_fp8_load_mode": "mmap"}, "contradicts"),
+    ({}, {"normalized_fp8_verify_at_load": "2"}, "neuron_config.normalized_fp8_verify_at_load"),
+])
+def test_load_choices_are_read_one_way(environ: dict[str, str], attrs: dict[str, Any], expected: Any) -> None:
+    from nxdi_gptoss_fp8.errors import LoadError
+    from nxdi_gptoss_fp8.validate.nxdi_config import load_choices
+
+    if isinstance(expected, tuple):
+        assert load_choices(attrs, environ) == expected
+        return
+    with pytest.raises(LoadError, match=re.escape(expected)):
+        load_choices(attrs, environ)
+
+
+@given(st.text(max_size=20), st.one_of(st.none(), st.text(max_size=20), st.booleans(), st.integers()))
+def test_load_choices_raise_only_load_error(env_value: str, attr_value: Any) -> None:
+    from nxdi_gptoss_fp8.errors import LoadError
+    from nxdi_gptoss_fp8.validate.nxdi_config import load_choices
+
+    for environ, attrs in (({"NXDI_GPTOSS_FP8_LOAD_MODE": env_value}, {"normalized_fp8_load_mode": attr_value}),
+                           ({"NXDI_GPTOSS_FP8_VERIFY_AT_LOAD": env_value}, {"normalized_fp8_verify_at_load": attr_value})):
+        try:
+            verify, mode = load_choices(attrs, environ)
+        except LoadError as exc:
+            assert "\n" not in str(exc)
+        else:
+            assert isinstance(verify, bool) and mode in ("mmap", "private")

@@ -46,18 +46,22 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def add_doctor_command(commands: Any) -> None:
     """The ``doctor`` command's parser, beside its handler."""
     doctor = commands.add_parser(
-        "doctor", help="judge a vllm serve command and this host as the start does: the load's checks (stdlib, any host)",
-        description="Judge a vllm serve command and this host as the start judges them, before it starts: the "
-                    "command read as vLLM reads it (vllm by any path or python -m vllm.entrypoints.openai.api_server; "
-                    "the model as the positional or --model; --opt=value; _ or - in option names; the last of a "
-                    "repeated option; --additional-config as JSON), the NeuronConfig vllm-neuron builds from it (its "
-                    "defaults, then override_neuron_config), and the checkpoint it loads checked with that "
-                    "NeuronConfig by the checks `validate MODEL --neuron-config FILE` runs (another kind of "
-                    "directory is named as inspect names it). Also CHECKPOINT_FORMAT (read as the hook reads it), "
-                    "NEURON_COMPILED_ARTIFACTS and Harmony's o200k_base.tiktoken in TIKTOKEN_ENCODINGS_BASE. Without "
-                    "a command after --, only the environment is checked. One line per finding, each with its fix. "
-                    "Exit 0: the start loads (warnings may remain); 1: an error stops it; 2: not a vLLM server's "
-                    "command line, or vLLM's --config YAML (pass its options instead). Rules: docs/serving.md.",
+        "doctor", help="run the start's own checks on a vllm serve command and this host (stdlib, any host)",
+        description="Run the start's own checks on a vllm serve command and this host, before it starts: the start "
+                    "plan the hook runs at the start, evaluated without NxDI, in its order — the entry point vLLM "
+                    "loads (VLLM_PLUGINS), the NeuronConfig vllm-neuron builds from the command (its own functions "
+                    "where vllm-neuron is installed, else the package's model of 0.1.0 and 0.2.0, which the report "
+                    "names) and what vllm-neuron refuses in it, CHECKPOINT_FORMAT, every NXDI_GPTOSS_FP8_* setting "
+                    "and normalized_fp8_* key as the load reads them, where the compile writes "
+                    "(NEURON_COMPILED_ARTIFACTS), a precompiled directory's pre-sharded weights, and the checkpoint "
+                    "checked with that NeuronConfig by the checks `validate MODEL --neuron-config FILE` runs (another "
+                    "kind of directory is named as inspect names it); then Harmony's o200k_base.tiktoken in "
+                    "TIKTOKEN_ENCODINGS_BASE. The command is read as vLLM reads it (vllm by any path or python -m "
+                    "vllm.entrypoints.openai.api_server; the model as the positional or --model; --opt=value; _ or - "
+                    "in option names; the last of a repeated option; --additional-config as JSON). Without a command "
+                    "after --, only the environment is checked. One line per finding, each with its fix. Exit 0: the "
+                    "start loads (warnings may remain); 1: an error stops it; 2: not a vLLM server's command line, or "
+                    "vLLM's --config YAML (pass its options instead). Rules: docs/serving.md.",
         examples=DOCTOR_EXAMPLES,
     )
     doctor.add_argument("--json", action="store_true", help="print the findings as JSON")

@@ -68,6 +68,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         read_scales=not args.headers_only,
         deep=args.deep,
         verify_checksums=args.verify_checksums,
+        served=True,  # the start plan's rule: the NeuronConfig's quantized_checkpoints_path must be DIR
     )
     report = verdict.report
     code = EXIT_FINDINGS if not report.clean else EXIT_OK if report.complete else EXIT_PARTIAL

@@ -23,6 +23,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import LoadError
+from .start_plan import StartInputs, run_check
 
 __all__ = ["ConfigAwareStaticMethod", "load_reference", "wrap_load_hf_model"]
 
@@ -45,23 +46,21 @@ def load_reference(model_path: Any, config: Any, **kwargs: Any) -> Any:
     line, when none is set or the value cannot be used). Its dtype: ``dtype`` / ``torch_dtype`` in
     ``kwargs``, else the NeuronConfig's ``torch_dtype`` when bfloat16 or float32 (the model under
     test's), else bfloat16."""
-    from ..validate.nxdi_config import reference_choice
-    from ..validate.pipeline import allow_custom_from_env
-
-    choice = reference_choice(config)
+    inputs = StartInputs(os.environ, config)
+    choice = run_check("reference", inputs)  # the start plan's readers of the settings
     if choice is None:
         raise LoadError(
             f"load_hf_model({os.fspath(model_path)!r}): a normalized FP8 checkpoint holds no Hugging Face model; for "
             f"NxDI's accuracy check set {fmt.REFERENCE_ENV}=dequantized (the checkpoint's own numbers) or "
             f"{fmt.REFERENCE_ENV}=/path/to/the/HF/source it was converted from (docs/accuracy.md)")
-    from ..forward.hf_reference import build_reference
+    from ..forward.hf_reference import build_reference  # torch and transformers: only the accuracy check needs them
 
     neuron_config = getattr(config, "neuron_config", config) if config is not None else None
     ckpt = os.fspath(getattr(neuron_config, "quantized_checkpoints_path", None) or model_path)
     dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
     if dtype is None and str(getattr(neuron_config, "torch_dtype", "")).removeprefix("torch.") in ("float32", "bfloat16"):
         dtype = str(neuron_config.torch_dtype).removeprefix("torch.")  # the dtype the model under test runs in
-    build = build_reference(ckpt, choice, dtype=dtype, allow_custom_model=allow_custom_from_env(),
+    build = build_reference(ckpt, choice, dtype=dtype, allow_custom_model=run_check("allow_custom_model", inputs),
                             say=lambda line: logger.warning("load_hf_model: %s", line))
     logger.warning("load_hf_model: %s", build.describe())
     return build.model

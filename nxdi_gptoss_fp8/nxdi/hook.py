@@ -4,7 +4,8 @@
 the hook: direct imports, ``utils.constants.MODEL_TYPES["gpt_oss"]["causal-lm"]`` (the same
 class object; vllm-neuron's lookup) and NxDI's ``inference_demo`` (given a ``gpt_oss`` entry when
 loaded). Each wrapped method decides the mode at call time, as NxDI does: normalized mode → our
-path (preflight with NxDI's config, every finding raised, never a fallback; then the zero-copy
+path (the start plan's checks, ``start_plan.run_check``: the settings by the load's readers, the
+preflight with NxDI's config, every finding raised, never a fallback; then the zero-copy
 ``loader.load_checkpoint`` given that report and the same config object); any other value → the
 original NxDI method, same arguments, result untouched; a misspelling of ``normalized_fp8`` or
 two contradicting opt-ins → ``CheckpointFormatError``. Our part of each call runs under
@@ -24,34 +25,40 @@ Importing this module does not import NxDI; ``register()`` does.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import importlib.util
 import inspect
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import format as fmt
+from .. import support
 from ..deps import importable
-from ..errors import CheckpointFormatError, LoadError, PreflightError, RegistrationError, refusals_stop_the_start
+from ..errors import LoadError, PreflightError, RegistrationError, refusals_stop_the_start
 from ..validate.findings import PreflightReport
-from ..validate.nxdi_config import config_attr, neuron_config_view
-from ..validate.pipeline import allow_custom_from_env, preflight
+from ..validate.nxdi_config import neuron_config_view
 from .accuracy import ConfigAwareStaticMethod, wrap_load_hf_model
 from .presharded import SHARD_SOURCES, fingerprint_or_none, record_source, wrap_load_weights, wrap_shard_weights
-from .recipes import vllm_hint
+from .start_plan import (
+    CONFIG_ATTR,
+    NORMALIZED_FP8,
+    StartInputs,
+    checkpoint_path,
+    is_near_miss,
+    near_miss_error,
+    normalized_mode,
+    run_check,
+    wrong_format_hint,
+)
+from .start_plan import ENV_FORMAT as ENV_VAR
 
 logger = logging.getLogger(__name__)
 
-NORMALIZED_FP8 = "normalized_fp8"
-ENV_VAR = "CHECKPOINT_FORMAT"
-CONFIG_ATTR = "checkpoint_format"
 # the NeuronConfig keywords NxDI would drop and the hook keeps as attributes (the opt-in and the
 # load-time choices), so they survive NxDI's config JSON round trip
 KEPT_ATTRS = (CONFIG_ATTR, fmt.VERIFY_AT_LOAD_ATTR, fmt.LOAD_MODE_ATTR, fmt.REFERENCE_ATTR)
@@ -72,114 +79,34 @@ _ADDED: list[tuple[dict[str, Any], str]] = []  # (a MODEL_TYPES dict, the key we
 # --------------------------------------------------------------------------- mode selection
 
 
-def _squash(value: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", value.lower().replace("normalis", "normaliz"))
-
-
-def is_near_miss(value: str) -> bool:
-    """Whether ``value`` looks like an attempt at ``normalized_fp8`` without being it.
-
-    The rule is a similarity test, not a list: separators and British spelling ignored, any
-    mention of FP8/E4M3, anything starting like "normalized", or a string similarity ≥ 0.6.
-    ``hf``, ``legacy``, ``neuron``, ``original`` and the empty string are not near misses.
-    Look-alikes from other scripts (full-width ``ｎｏｒｍａｌｉｚｅｄ＿ｆｐ８``, ligatures) are
-    folded with NFKC first, so they are near misses too, never "not normalized".
-    """
-    import unicodedata  # local: the rest of this module does not need it
-
-    squashed = _squash(unicodedata.normalize("NFKC", value))
-    if not squashed or value.strip().lower() == NORMALIZED_FP8:
-        return False
-    if any(part in squashed for part in ("fp8", "f8", "e4m3")) or squashed.startswith(("norm", "nrm")):
-        return True
-    return difflib.SequenceMatcher(None, squashed, _squash(NORMALIZED_FP8)).ratio() >= 0.6
-
-
-def near_miss_error(value: str, source: str) -> CheckpointFormatError:
-    return CheckpointFormatError(
-        f"{source}={value!r} is not a checkpoint format: did you mean {NORMALIZED_FP8!r}? "
-        f"Set it to exactly {NORMALIZED_FP8} to load a normalized FP8 checkpoint, or to hf / legacy "
-        "for NxDI's own converters (nothing was loaded)"
-    )
-
-
-def normalized_mode(config: Any = None, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this call should take the normalized path (read now, like NxDI reads its env).
-
-    ``config`` is NxDI's InferenceConfig or NeuronConfig, a mapping of one (``doctor``), or None. Raises
-    ``CheckpointFormatError`` for a near-miss spelling in either place, for a config value
-    other than ``normalized_fp8``, and when the environment and the config disagree.
-    """
-    env = os.environ if environ is None else environ
-    env_value = env.get(ENV_VAR)
-    env_normalized = env_value is not None and env_value.strip().lower() == NORMALIZED_FP8
-    if env_value is not None and is_near_miss(env_value):
-        raise near_miss_error(env_value, ENV_VAR)
-    config_value = config_attr(neuron_config_view(config), CONFIG_ATTR) if config is not None else None
-    if config_value is None or (isinstance(config_value, str) and not config_value.strip()):
-        return env_normalized
-    source = f"neuron_config.{CONFIG_ATTR}"
-    if not isinstance(config_value, str) or config_value.strip().lower() != NORMALIZED_FP8:
-        if isinstance(config_value, str) and is_near_miss(config_value):
-            raise near_miss_error(config_value, source)
-        raise CheckpointFormatError(
-            f"{source}={config_value!r}: this setting only opts in to {NORMALIZED_FP8!r}; NxDI picks "
-            f"its hf/legacy converters from the {ENV_VAR} environment variable, so remove it from "
-            "the config and set the environment variable instead"
-        )
-    if env_value is not None and not env_normalized:
-        raise CheckpointFormatError(
-            f"{ENV_VAR}={env_value!r} contradicts {source}={config_value!r}: set both to "
-            f"{NORMALIZED_FP8}, or unset {ENV_VAR}"
-        )
-    return True
+def _mode(config: Any) -> bool:
+    """The opt-in decision of one hooked call: the start plan's ``checkpoint_format`` check."""
+    return bool(run_check("checkpoint_format", StartInputs(os.environ, config)))
 
 
 # --------------------------------------------------------------------------- the normalized path
 
 
-def _checkpoint_path(model_path: Any, config: Any) -> str:
-    """Where NxDI reads a quantized checkpoint from: ``quantized_checkpoints_path`` if set."""
-    quantized_path = getattr(neuron_config_view(config), "quantized_checkpoints_path", None)
-    ok = isinstance(quantized_path, (str, os.PathLike))  # a number, a list: the preflight's finding says so
-    return os.fspath(quantized_path if ok and quantized_path else model_path)
-
-
-def checked_preflight(path: str, config: Any) -> PreflightReport:
-    """Run the preflight with NxDI's config, log the verdict, raise ``PreflightError`` on any error."""
-    neuron_config = neuron_config_view(config) if config is not None else None
-    report = preflight(
-        path,
-        neuron_config=neuron_config,
-        inference_config=config if config is not neuron_config else None,
-        allow_custom_model=allow_custom_from_env(),
-    )
-    if report.ok:
-        logger.info("normalized FP8 checkpoint %s passed the preflight (%d tensors, %d shards, %.1f ms)",
-                    path, report.tensors, report.shards, report.elapsed_s * 1000)
-        return report
-    hint = wrong_format_hint(path) or vllm_hint(report, path)
-    logger.error("normalized FP8 checkpoint %s failed the preflight:\n%s", path,
-                 f"{hint}\n{report.render_text()}" if hint else report.render_text())
-    raise PreflightError(report, hint=hint)
-
-
-def wrong_format_hint(path: str) -> str | None:
-    """When ``path`` is another kind of checkpoint (HF, legacy, compressed-tensors, compiled
-    NxDI output, ...), one line naming it and what to do instead; None when it looks normalized
-    or unknown (then the findings speak for themselves)."""
-    from ..recognize import NORMALIZED, recognize
-
-    recognition = recognize(path)
-    if not recognition.known or recognition.kind == NORMALIZED:
-        return None
-    return (f"{ENV_VAR}={NORMALIZED_FP8} (or neuron_config.{CONFIG_ATTR}) asks for a normalized FP8 "
-            f"checkpoint, but {recognition.hint()}")
+def checked_preflight(path: str, config: Any, inputs: StartInputs | None = None) -> PreflightReport:
+    """The start plan's ``checkpoint`` check of ``path`` with NxDI's config: log the verdict, raise
+    ``PreflightError`` (with the hint naming another kind of directory, or vLLM's key) on any error."""
+    inputs = inputs if inputs is not None else StartInputs(os.environ, config)
+    inputs.checkpoint = path
+    try:
+        report = run_check("checkpoint", inputs).report
+    except PreflightError as exc:
+        logger.error("normalized FP8 checkpoint %s failed the preflight:\n%s", path,
+                     f"{exc.hint}\n{exc.report.render_text()}" if exc.hint else exc.report.render_text())
+        raise
+    logger.info("normalized FP8 checkpoint %s passed the preflight (%d tensors, %d shards, %.1f ms)",
+                path, report.tensors, report.shards, report.elapsed_s * 1000)
+    return report
 
 
 def normalized_state_dict(cls: type, model_name_or_path: Any, config: Any) -> dict[str, Any]:
-    """What our ``get_state_dict`` returns in normalized mode: preflight, map, derive, prefix."""
-    from ..loader import load_checkpoint
+    """What our ``get_state_dict`` returns in normalized mode: the start plan's checks (the
+    settings, the preflight), then map, derive, prefix."""
+    from ..loader import LoadPolicy, load_checkpoint  # torch: the loader maps tensors
 
     if getattr(neuron_config_view(config), "is_medusa", False):
         raise LoadError("Medusa heads are not supported with normalized FP8 checkpoints (NxDI would "
@@ -187,10 +114,14 @@ def normalized_state_dict(cls: type, model_name_or_path: Any, config: Any) -> di
     path = os.fspath(model_name_or_path)
     sources = SHARD_SOURCES.get()
     fingerprint = fingerprint_or_none(path) if sources is not None else None
-    report = checked_preflight(path, config)
+    inputs = StartInputs(os.environ, config)
+    allow_custom = run_check("allow_custom_model", inputs)
+    report = checked_preflight(path, config, inputs)
+    verify, mode = run_check("load_choices", inputs)  # after the preflight, which names a bad key as a finding
     if sources is not None:
         record_source(sources, path, fingerprint)
-    loaded = load_checkpoint(path, config, report=report)
+    loaded = load_checkpoint(path, config, report=report, allow_custom_model=allow_custom,
+                             policy=LoadPolicy(verify_digests=verify, load_mode=mode))
     if logger.isEnabledFor(logging.INFO):
         logger.info("%s: %s", path, loaded.describe().replace("\n", "; "))
     state_dict = loaded.state_dict
@@ -221,7 +152,7 @@ def _wrap_get_state_dict(func: Callable[..., Any]) -> Callable[..., Any]:
             bound = signature.bind(cls, *args, **kwargs).arguments
         except TypeError:
             return func(cls, *args, **kwargs)  # let NxDI raise the caller's TypeError
-        if not normalized_mode(bound["config"]):
+        if not _mode(bound["config"]):
             return func(cls, *args, **kwargs)
         with refusals_stop_the_start():
             return normalized_state_dict(cls, bound["model_name_or_path"], bound["config"])
@@ -233,7 +164,7 @@ def _wrap_convert(func: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(func)
 
     def convert_hf_to_neuron_state_dict(*args: Any, **kwargs: Any) -> Any:
-        if not normalized_mode(_bound_config(signature, args, kwargs)):
+        if not _mode(_bound_config(signature, args, kwargs)):
             return func(*args, **kwargs)
         raise LoadError(
             "a normalized FP8 checkpoint is already in NxDI's namespace and is never converted; it "
@@ -248,10 +179,10 @@ def _wrap_save_quantized(func: Callable[..., Any]) -> Callable[..., Any]:
 
     def save_quantized_state_dict(cls: type, *args: Any, **kwargs: Any) -> Any:
         config = _bound_config(signature, (cls, *args), kwargs)
-        if not normalized_mode(config):
+        if not _mode(config):
             return func(cls, *args, **kwargs)
         model_path = signature.bind_partial(cls, *args, **kwargs).arguments.get("model_path")
-        path = _checkpoint_path(model_path, config)
+        path = checkpoint_path(config, os.fspath(model_path))
         logger.info("normalized FP8 mode: not regenerating %s (already quantized); checking it instead", path)
         with refusals_stop_the_start():
             checked_preflight(path, config)
@@ -265,12 +196,12 @@ def _wrap_generate_quantized(func: Callable[..., Any]) -> Callable[..., Any]:
 
     def generate_quantized_state_dict(cls: type, *args: Any, **kwargs: Any) -> Any:
         config = _bound_config(signature, (cls, *args), kwargs)
-        if not normalized_mode(config):
+        if not _mode(config):
             return func(cls, *args, **kwargs)
         model_path = signature.bind_partial(cls, *args, **kwargs).arguments.get("model_path")
         # the checkpoint is the quantized state dict: load it (after its preflight), never rebuild it
         with refusals_stop_the_start():
-            return normalized_state_dict(cls, _checkpoint_path(model_path, config), config)
+            return normalized_state_dict(cls, checkpoint_path(config, os.fspath(model_path)), config)
 
     return generate_quantized_state_dict
 
@@ -301,14 +232,14 @@ _PATCHES = (
     _Patch("app", "get_state_dict", classmethod, ("cls", "model_name_or_path", "config"), _wrap_get_state_dict),
     _Patch("app", "convert_hf_to_neuron_state_dict", staticmethod, ("state_dict", "config"), _wrap_convert),
     _Patch("app", "load_hf_model", staticmethod, ("model_path",),  # installed seeing the instance's config
-           functools.partial(wrap_load_hf_model, is_normalized=normalized_mode), ConfigAwareStaticMethod),
+           functools.partial(wrap_load_hf_model, is_normalized=_mode), ConfigAwareStaticMethod),
     _Patch("app", "save_quantized_state_dict", classmethod, ("cls", "model_path", "config"), _wrap_save_quantized),
     _Patch("app", "generate_quantized_state_dict", classmethod, ("cls", "model_path", "config"), _wrap_generate_quantized),
     _Patch("app", "checkpoint_loader_fn", type(lambda: None), ("self", "mmap"), None),
     _Patch("app", "shard_weights", type(lambda: None), ("self", "compiled_model_path"),
-           functools.partial(wrap_shard_weights, is_normalized=normalized_mode)),
+           functools.partial(wrap_shard_weights, is_normalized=_mode)),
     _Patch("app", "load_weights", type(lambda: None), ("self", "compiled_model_path"),
-           functools.partial(wrap_load_weights, is_normalized=normalized_mode)),
+           functools.partial(wrap_load_weights, is_normalized=_mode)),
     _Patch("neuron_config", "__init__", type(lambda: None), ("self",), _wrap_neuron_config_init),
 )
 
@@ -410,9 +341,7 @@ def register() -> None:
     """
     owners = _targets()
     if not is_registered():
-        from ..support import warn_unverified_nxdi
-
-        warn_unverified_nxdi(logger, sys.modules.get(NXDI_PACKAGE))  # once per process, outside the verified set
+        support.warn_unverified_nxdi(logger, sys.modules.get(NXDI_PACKAGE))  # once per process, outside the verified set
         problems = _problems(owners)
         conflict = _model_types_entry(owners["app"])
         if conflict:
@@ -481,4 +410,5 @@ def run_inference_demo(argv: Sequence[str]) -> int:
 __all__ = [
     "CONFIG_ATTR", "ENV_VAR", "KEPT_ATTRS", "NORMALIZED_FP8", "add_model_type_entry", "checked_preflight", "is_near_miss",
     "is_registered", "near_miss_error", "normalized_mode", "register", "run_inference_demo", "unregister",
+    "wrong_format_hint",
 ]

@@ -23,6 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import IntegrityError, refusals_stop_the_start
+from ..validate.presharded import changed_since, loader_source
+from ..validate.presharded_manifest import ManifestSource, checkpoint_identity, remove_manifest, write_manifest
+from .start_plan import StartInputs, run_check
 
 __all__ = ["SHARD_SOURCES", "fingerprint_or_none", "record_source", "wrap_load_weights", "wrap_shard_weights"]
 
@@ -34,8 +37,6 @@ SHARD_SOURCES: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar
 
 def fingerprint_or_none(path: str) -> dict[str, Any] | None:
     """The source fingerprint taken before the preflight (None: unreadable, the preflight says why)."""
-    from ..validate.presharded_manifest import checkpoint_identity
-
     try:
         return checkpoint_identity(path)
     except (OSError, IntegrityError):
@@ -43,8 +44,6 @@ def fingerprint_or_none(path: str) -> dict[str, Any] | None:
 
 
 def record_source(sources: list[Any], path: str, fingerprint: dict[str, Any] | None) -> None:
-    from ..validate.presharded_manifest import ManifestSource, checkpoint_identity
-
     if os.path.abspath(path) not in (source.path for source in sources):  # once per checkpoint
         sources.append(ManifestSource(os.path.abspath(path), fingerprint if fingerprint is not None else checkpoint_identity(path)))
 
@@ -57,8 +56,6 @@ def _writes_shards(neuron_config: Any) -> bool:
 def _loader_source(app: Any) -> str:
     """The directory NxDI's ``checkpoint_loader_fn`` reads (its config's directory, else the model
     path; ``quantized_checkpoints_path`` when quantized): the checkpoint the application names."""
-    from ..validate.presharded import loader_source
-
     return loader_source(app.config, app.model_path) or os.fspath(app.model_path)
 
 
@@ -80,8 +77,6 @@ def wrap_shard_weights(func: Callable[..., Any], is_normalized: Callable[[Any], 
             compiled = os.fspath(signature.bind(self, *args, **kwargs).arguments["compiled_model_path"])
         except (TypeError, KeyError):
             return func(self, *args, **kwargs)  # let NxDI raise the caller's TypeError
-        from ..validate.presharded_manifest import ManifestSource, checkpoint_identity, remove_manifest, write_manifest
-
         with refusals_stop_the_start():
             if _writes_shards(self.neuron_config) and remove_manifest(compiled):
                 logger.info("removed the manifest of the earlier pre-sharded weights in %s before re-sharding", compiled)
@@ -119,19 +114,16 @@ def wrap_load_weights(func: Callable[..., Any], is_normalized: Callable[[Any], b
             arguments = signature.bind(self, *args, **kwargs).arguments
         except TypeError:
             return func(self, *args, **kwargs)
-        from ..loader import LoadPolicy
-        from ..validate.presharded import changed_since, check_presharded, refusal
-
         compiled = os.fspath(arguments["compiled_model_path"])
         ranks = _ranks(self.neuron_config, arguments.get("start_rank_id"), arguments.get("local_ranks_size"))
+        inputs = StartInputs(os.environ, self.config, model=_loader_source(self), compiled=compiled, ranks=ranks)
         with refusals_stop_the_start():  # a ConfigError or an OSError here must not become a recompile
-            verify = LoadPolicy.resolve(self.config).verify_digests
-            check = check_presharded(compiled, ranks=ranks, config=self.config, verify=verify, progress=None,
-                                     checkpoint=_loader_source(self))
-        if not check.ok:
-            error = refusal(check)
-            logger.error("%s", error)
-            raise error
+            try:
+                check = run_check("presharded", inputs)  # the start plan's check (validate COMPILED's)
+            except IntegrityError as error:
+                logger.error("%s", error)
+                raise
+        verify = bool(check.bytes_hashed)
         for finding in check.report.warnings:
             logger.warning("%s", finding.render())
         logger.info("pre-sharded weights of %s: ranks %d…%d match their manifest%s (%.1f ms)", compiled, ranks.start,

@@ -22,8 +22,8 @@ from .. import format as fmt
 from ..validate.vllm_config import VLLM_OVERRIDE_KEY
 
 __all__ = [
-    "ACCURACY_PROMPT", "ACCURACY_TOKENS", "DEFAULT_VLLM_SETTINGS", "HARMONY_VOCABULARY_URL",
-    "MODULES_TO_NOT_CONVERT", "QUANTIZATION_KEYS", "SOURCE_REFERENCE_DIVERGENCE_TOL", "SOURCE_REFERENCE_TOL_MAP",
+    "ACCURACY_PROMPT", "ACCURACY_TOKENS", "DEFAULT_VLLM_SETTINGS", "HARMONY_VOCABULARY", "HARMONY_VOCABULARY_URL",
+    "MODULES_TO_NOT_CONVERT", "O200K_BASE_SHA256", "QUANTIZATION_KEYS", "SOURCE_REFERENCE_DIVERGENCE_TOL", "SOURCE_REFERENCE_TOL_MAP",
     "VLLM_ADDITIONAL_CONFIG_FLAG", "VLLM_OVERRIDE_KEY", "accuracy_demo_argv", "goldens_argv", "inference_demo_argv",
     "modules_file", "neuron_config_keys", "vllm_command", "vllm_hint", "vllm_override",
 ]
@@ -35,6 +35,10 @@ QUANTIZATION_KEYS = ("quantized", "quantized_checkpoints_path", "quantization_ty
                      "modules_to_not_convert", "padded_hidden_size", "padded_intermediate_size")
 # where Harmony (tiktoken's public encodings) downloads o200k_base.tiktoken when TIKTOKEN_ENCODINGS_BASE is unset
 HARMONY_VOCABULARY_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+HARMONY_VOCABULARY = "o200k_base.tiktoken"
+# The SHA-256 openai-harmony expects of o200k_base.tiktoken (openai/harmony,
+# src/tiktoken_ext/public_encodings.rs, Encoding::expected_hash; tiktoken's openai_public.py agrees)
+O200K_BASE_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 # the vLLM settings of the vLLM recipe (docs/serving.md) besides the override (what one host serves)
 DEFAULT_VLLM_SETTINGS = {"tensor_parallel_size": 64, "max_model_len": 8192, "max_num_seqs": 4}
 
@@ -64,8 +68,6 @@ def vllm_command(checkpoint: str, compiled: str, tiktoken_dir: str, padded_hidde
     """The vLLM recipe as shell lines: the three environment variables (Harmony's vocabulary
     directory with where the file comes from and its SHA-256), then ``vllm serve`` with the full
     ``--additional-config`` (the block of docs/serving.md and the card's are this text)."""
-    from .serving_host import HARMONY_VOCABULARY, O200K_BASE_SHA256  # it reads this module's recipe
-
     override = json.dumps(vllm_override(checkpoint, padded_hidden_size, padded_intermediate_size))
     return "\n".join([
         "export CHECKPOINT_FORMAT=normalized_fp8",

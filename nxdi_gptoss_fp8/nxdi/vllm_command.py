@@ -34,6 +34,7 @@ option missing from it is read by the rule for unknown options above.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -163,6 +164,16 @@ def _json_value(text: str) -> Any:
         return text
 
 
+def _python_dict(text: str) -> bool:
+    """Whether ``text`` is a Python dict literal (``{'quantized': True}``): what a hurried user pastes."""
+    if len(text) > MAX_ARGUMENT_BYTES:
+        return False
+    try:
+        return isinstance(ast.literal_eval(text.strip()), dict)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+
+
 def parse_json_option(text: str, name: str) -> tuple[Any, CommandProblem | None]:
     """A JSON option's value as vLLM's ``json.loads`` reads it, or why vLLM refuses it."""
     try:
@@ -172,8 +183,11 @@ def parse_json_option(text: str, name: str) -> tuple[Any, CommandProblem | None]
                                     "reader allows: vLLM fails reading it; write the override as a flat object")
     except ValueError as exc:
         reason = str(exc).splitlines()[0][:160]
-        return None, CommandProblem("bad_additional_config", name, f"{name} is not JSON vLLM reads ({reason}): "
-                                    "quote the object in single quotes, as in the recipe")
+        shape = "a Python dict, not JSON" if _python_dict(text) else f"not JSON vLLM reads ({reason})"
+        return None, CommandProblem("bad_additional_config", name, f"{name} is {shape}: vLLM refuses the command "
+                                    "while parsing it; write JSON, with double quotes inside (and true / false / null "
+                                    f"in lower case), wrapped in single quotes for the shell: {name} "
+                                    f"'{{\"{VLLM_OVERRIDE_KEY}\": {{\"quantized\": true, ...}}}}'")
 
 
 def read_vllm_command(words: Sequence[str]) -> VllmCommand:

@@ -23,6 +23,7 @@ depends on ``CHECKPOINT_FORMAT``:
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -70,8 +71,6 @@ def _without_nxdi() -> str:
 def _install() -> None:
     """``register()``, then the ``MODEL_TYPES`` entry vllm-neuron looks up (``RegistrationError`` if
     another class holds it)."""
-    import importlib
-
     nxdi_hook.register()
     model_type, _task = vllm_model_type()  # the task is causal-lm, the entry's only one
     app = getattr(importlib.import_module(nxdi_hook.MODELING_MODULE), nxdi_hook.APP_CLASS)

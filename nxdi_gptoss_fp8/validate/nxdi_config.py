@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import format as fmt
-from ..errors import ConfigError
+from ..errors import ConfigError, LoadError
 from ..safeio.json_file import MAX_JSON_FILE_BYTES, JsonFileError, read_json_file
 from ..safeio.strict_json import JsonError
 from ..units import plural
@@ -31,7 +31,7 @@ from .vllm_config import VLLM_OVERRIDE_KEY
 __all__ = [
     "BOOLEAN_NEURON_CONFIG_KEYS", "KNOWN_NEURON_CONFIG_KEYS", "MAX_CONFIG_FILE_SIZE",
     "MAX_EXCLUSION_WORK", "SWITCH_OFF", "SWITCH_ON", "Problem", "bounded_int", "config_attr",
-    "describe", "has_model_fields", "model_config_problems", "model_part",
+    "describe", "has_model_fields", "load_choices", "model_config_problems", "model_part",
     "neuron_config_problems", "neuron_config_view", "parse_load_mode", "parse_reference", "parse_switch", "parse_verify_at_load",
     "read_config_file", "reference_choice", "switch_from_env", "unknown_key_problems",
 ]
@@ -306,6 +306,35 @@ def parse_load_mode(value: Any) -> str | None:
     if isinstance(value, str) and value.strip().lower() in fmt.LOAD_MODES:
         return value.strip().lower()
     raise ValueError(f"is not a load mode: set it to one of {', '.join(fmt.LOAD_MODES)}")
+
+
+def load_choices(config: Any = None, environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """The load's two choices, ``(verify shard_sha256 at load, load mode)``, from the environment
+    (``NXDI_GPTOSS_FP8_VERIFY_AT_LOAD``, ``NXDI_GPTOSS_FP8_LOAD_MODE``) and the NeuronConfig
+    (``normalized_fp8_verify_at_load``, ``normalized_fp8_load_mode``): verification is on when
+    either asks for it; the two modes must not disagree. The one reader the loader
+    (``loader.LoadPolicy.resolve``) and the start plan use: ``LoadError`` for a value that is neither
+    on/off nor a known mode (``ture``, ``privat``), or for two disagreeing modes."""
+    env = os.environ if environ is None else environ
+    nc = neuron_config_view(config) if config is not None else None
+
+    def read(parse: Any, value: Any, source: str) -> Any:
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise LoadError(f"{source}={value!r} {exc}") from None
+
+    verify_attr, mode_attr = f"neuron_config.{fmt.VERIFY_AT_LOAD_ATTR}", f"neuron_config.{fmt.LOAD_MODE_ATTR}"
+    verify = read(parse_verify_at_load, env.get(fmt.VERIFY_AT_LOAD_ENV), fmt.VERIFY_AT_LOAD_ENV) or read(
+        parse_verify_at_load, config_attr(nc, fmt.VERIFY_AT_LOAD_ATTR) if nc is not None else None, verify_attr)
+    modes = {source: mode for source, mode in (
+        (fmt.LOAD_MODE_ENV, read(parse_load_mode, env.get(fmt.LOAD_MODE_ENV), fmt.LOAD_MODE_ENV)),
+        (mode_attr, read(parse_load_mode, config_attr(nc, fmt.LOAD_MODE_ATTR) if nc is not None else None, mode_attr)),
+    ) if mode is not None}
+    if len(set(modes.values())) > 1:
+        raise LoadError(" contradicts ".join(f"{source}={mode!r}" for source, mode in modes.items())
+                        + ": set one of them, or both to the same mode")
+    return verify, next(iter(modes.values()), fmt.LOAD_MODE_MMAP)
 
 
 def parse_reference(value: Any) -> str | None:

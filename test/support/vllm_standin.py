@@ -134,6 +134,20 @@ def _entry_point() -> Any:
     return getattr(importlib.import_module(match.group(1)), match.group(2))
 
 
+def entry_point_name() -> str:
+    """The name ``setup.py`` gives our ``vllm.general_plugins`` entry point (what ``VLLM_PLUGINS`` lists)."""
+    match = re.search(r'"vllm\.general_plugins":\s*\[\s*"([^"=]+?)\s*=', (REPO / "setup.py").read_text())
+    assert match, "setup.py declares no vllm.general_plugins entry point"
+    return match.group(1)
+
+
+def plugin_allowed(name: str) -> bool:
+    """vLLM's ``load_general_plugins`` filter: every plugin when ``VLLM_PLUGINS`` is unset, else
+    only those its comma-separated value names, exactly."""
+    allowed = os.environ.get("VLLM_PLUGINS")
+    return allowed is None or name in allowed.split(",")
+
+
 def _flexible(argv: Sequence[str]) -> list[str]:
     """What vLLM's ``FlexibleArgumentParser`` does to the words first: ``_`` → ``-`` in a long
     option's name (up to its first ``.``, before any ``=``)."""
@@ -173,7 +187,7 @@ def serve(loader_module: types.ModuleType, argv: Sequence[str], *, plugins: bool
     """``vllm serve ARGV`` up to and including the model load; returns the loaded NeuronCausalLM."""
     from transformers import AutoConfig
 
-    if plugins:
+    if plugins and plugin_allowed(entry_point_name()):
         _entry_point()()  # vLLM's load_general_plugins() in this process
     args = parse_serve(argv)
     hf_config = AutoConfig.from_pretrained(args.model)  # a Hub id would be looked up by transformers
@@ -197,4 +211,4 @@ def source() -> str | None:
     return value or None
 
 
-__all__ = ["LOADER", "SRC_ENV", "loader", "parse_serve", "serve", "source"]
+__all__ = ["LOADER", "SRC_ENV", "entry_point_name", "loader", "parse_serve", "plugin_allowed", "serve", "source"]
