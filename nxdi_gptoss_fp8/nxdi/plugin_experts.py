@@ -51,16 +51,14 @@ class PluginExperts:
         """The dequantized experts at the real H and I (padding cropped), as the golden's
         ``gptoss_mxfp4_decode_layer`` takes them: ``gate_up_weight`` [E, H, 2, I],
         ``gate_up_bias`` [E, 2, I] (up + 1), ``down_weight`` [E, I, H], ``down_bias`` [E, H]."""
-        from ..convert.fp8 import dequantize_expertwise
-
         h, i = self.hidden_size, self.intermediate_size
         experts = self.gate_up.shape[0]
         gate_up = torch.empty((experts, h, 2, i), dtype=dtype)
         down = torch.empty((experts, i, h), dtype=dtype)
-        for expert in range(experts):  # one expert's float32 copy at a time
-            values = dequantize_expertwise(self.gate_up[expert, :h], self.gate_up_scale[expert][None])
+        for expert in range(experts):  # one expert's float32 copy at a time; E4M3 → float32 and × are exact
+            values = self.gate_up[expert, :h].float() * self.gate_up_scale[expert][None].float()
             gate_up[expert] = values[:, :, :i]
-            down[expert] = dequantize_expertwise(self.down[expert, :i], self.down_scale[expert][None])[:, :h]
+            down[expert] = (self.down[expert, :i].float() * self.down_scale[expert][None].float())[:, :h]
         return {"gate_up_weight": gate_up, "gate_up_bias": self.gate_up_bias[:, :, :i].to(dtype),
                 "down_weight": down, "down_bias": self.down_bias[:, :h].to(dtype)}
 
