@@ -16,7 +16,7 @@ import torch
 from ... import format as fmt
 from ...errors import ConversionError
 from ...safeio.safetensors_header import TensorInfo
-from .. import mxfp4
+from .. import kernels, mxfp4
 from ..layout import chunk_interleaved, pad_to, place_down, place_gate_up
 from ..output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, hf_biases, put_biases, stream_experts
 from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name, non_expert_specs
@@ -105,6 +105,12 @@ def _encode_expert(lane: Lane, blocks: torch.Tensor, scales: torch.Tensor, proj:
             f"{where} holds scale byte {largest} (above {mxfp4.MAX_SCALE_BYTE}: NaN or beyond float32/BF16 "
             "range): corrupt source"
         )
+    if kernels.AVAILABLE and blocks.is_contiguous() and scales.is_contiguous():
+        rows = scales.shape[0]
+        dest = (kernels.gate_up_destinations(rows, lane.buffer.shape[1] // 2) if proj == fmt.GATE_UP
+                else torch.arange(rows, dtype=torch.int64))
+        exponents, exactness = kernels.mxfp4_expert(blocks, scales, lane.buffer, dest)
+        return exactness, _scale_row(exponents, proj, padded_i, lane.buffer.shape[1])
     encoder: mxfp4.ExpertEncoder = lane.tools
     rows = scales.shape[0]
     exponents = torch.empty(rows, dtype=torch.int32)
@@ -117,9 +123,14 @@ def _encode_expert(lane: Lane, blocks: torch.Tensor, scales: torch.Tensor, proj:
         place(encoder.encode(part_blocks, part_scales, t), lane.buffer, start)
         exactness.add(mxfp4.exactness(part_blocks, part_scales, t))
         exponents[start:stop] = t
+    return exactness, _scale_row(exponents, proj, padded_i, lane.buffer.shape[1])
+
+
+def _scale_row(exponents: torch.Tensor, proj: str, padded_i: int, width: int) -> torch.Tensor:
+    """float32 [out']: the channel scales 2^t in the output's order (gate_up chunked), padded with 1.0."""
     if proj == fmt.GATE_UP:
-        return exactness, chunk_interleaved(mxfp4.scale_values(exponents), padded_i, 1.0)
-    return exactness, pad_to(mxfp4.scale_values(exponents), (lane.buffer.shape[1],), 1.0)
+        return chunk_interleaved(mxfp4.scale_values(exponents), padded_i, 1.0)
+    return pad_to(mxfp4.scale_values(exponents), (width,), 1.0)
 
 
 def _projection(reader: SourceReader, layer: int, proj: str, out: Output, layout: fmt.Layout,
