@@ -16,6 +16,7 @@ import torch
 from ... import format as fmt
 from ...errors import ConversionError
 from ...safeio.safetensors_header import TensorInfo
+from .. import kernels
 from ..fp8 import DenseEncoder, channel_scales, column_amax
 from ..layout import chunk_interleaved, pad_to
 from ..mxfp4 import Exactness
@@ -120,10 +121,24 @@ def _encode_expert(lane: Lane, weight: torch.Tensor, proj: str, padded_i: int, p
                    where: str) -> tuple[Exactness, torch.Tensor]:
     """Quantize one dense expert (gate_up [H, 2I], interleaved columns; down [I, H]) into
     ``lane.buffer`` [in', out'] with amax/240 channel scales; returns its exactness and scale row."""
-    amax, finite = column_amax(weight)
+    compiled = kernels.AVAILABLE and weight.dtype == torch.bfloat16
+    if compiled:
+        bits = kernels.bf16_amax(weight)
+        amax, finite = bits.view(torch.bfloat16).float(), not bool((bits >= 0x7F80).any())
+    else:
+        amax, finite = column_amax(weight)
     if not finite:
         require_finite(weight, path, where)
     scale = channel_scales(amax)
+    result = _Requantized()
+    if compiled:
+        cols = weight.shape[1]
+        dest = (kernels.gate_up_destinations(cols, padded_i) if proj == fmt.GATE_UP
+                else torch.arange(cols, dtype=torch.int64))
+        kept, inexact, nonzero, worst, rel_sum = kernels.bf16_encode(weight, scale, lane.buffer, dest)
+        result.values, result.inexact, result.flushed_to_zero = weight.numel(), inexact, nonzero - kept
+        result.max_rel_error, result.nonzero, result.rel_sum = worst, kept, rel_sum
+        return result, _scale_row(scale, proj, padded_i, lane.buffer.shape[1])
     encoder: DenseEncoder = lane.tools
     if proj == fmt.GATE_UP:
         half = weight.shape[1] // 2
@@ -140,12 +155,16 @@ def _encode_expert(lane: Lane, weight: torch.Tensor, proj: str, padded_i: int, p
             columns[first:first + block.shape[0]].copy_(block)
 
     error = encoder.encode(weight, scale, place)
-    result = _Requantized()
     result.values, result.inexact, result.flushed_to_zero = error.values, error.inexact, error.flushed_to_zero
     result.max_rel_error, result.nonzero, result.rel_sum = error.max_rel_error, error.nonzero, error.rel_sum
+    return result, _scale_row(scale, proj, padded_i, lane.buffer.shape[1])
+
+
+def _scale_row(scale: torch.Tensor, proj: str, padded_i: int, width: int) -> torch.Tensor:
+    """float32 [out']: the channel scales in the output's order (gate_up chunked), padded with 1.0."""
     if proj == fmt.GATE_UP:
-        return result, chunk_interleaved(scale, padded_i, 1.0)
-    return result, pad_to(scale, (lane.buffer.shape[1],), 1.0)
+        return chunk_interleaved(scale, padded_i, 1.0)
+    return pad_to(scale, (width,), 1.0)
 
 
 def _projection(reader: SourceReader, layer: int, proj: str, out: Output, layout: fmt.Layout,
