@@ -64,10 +64,9 @@ def _ptr(tensor: torch.Tensor) -> int:
 
 
 @cache
-def _mxfp4_tables() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _mxfp4_statistics() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     codes, rel = mxfp4.exactness_table()
-    code_exponent = mxfp4._CODE_EXPONENT.to(torch.int32).contiguous()
-    return mxfp4._BYTE_TABLE.contiguous(), codes.contiguous(), rel, code_exponent
+    return codes.contiguous(), rel, mxfp4._CODE_EXPONENT.to(torch.int32).contiguous()
 
 
 @cache
@@ -100,7 +99,8 @@ def mxfp4_expert(blocks: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
     channel exponents t, int32 [rows]; its exactness), as the torch path computes them."""
     blocks, scales, dest = _contiguous_u8(blocks), _contiguous_u8(scales), dest.contiguous()
     rows, groups = scales.shape
-    byte_table, codes, rel, code_exponent = _mxfp4_tables()
+    byte_table = mxfp4._BYTE_TABLE.contiguous()  # the torch path's own table, whatever it is now
+    codes, rel, code_exponent = _mxfp4_statistics()
     t = torch.empty(rows, dtype=torch.int32)
     counts = torch.zeros(2, dtype=torch.int64)
     worst = torch.zeros(1, dtype=torch.float64)

@@ -24,10 +24,30 @@ from ..format import FP8_MAX
 from .fp8 import FP8_DTYPE
 
 __all__ = [
-    "BLOCK_SIZE", "EXACT_OFFSET_MAX", "EXACT_OFFSET_MIN", "FP4_VALUES", "MAX_SCALE_BYTE",
-    "MAX_SCALE_EXPONENT", "MIN_SCALE_EXPONENT", "OFFSET_MAX", "OFFSET_MIN", "SCALE_BIAS", "TOP_EXPONENT",
-    "STAT_OFFSET_MAX", "STAT_OFFSET_MIN", "Exactness", "ExpertEncoder", "block_offsets", "build_byte_table",
-    "channel_exponents", "decode", "encode", "exactness", "exactness_table", "offset_table", "scale_values",
+    "BLOCK_SIZE",
+    "EXACT_OFFSET_MAX",
+    "EXACT_OFFSET_MIN",
+    "FP4_VALUES",
+    "MAX_SCALE_BYTE",
+    "MAX_SCALE_EXPONENT",
+    "MIN_SCALE_EXPONENT",
+    "OFFSET_MAX",
+    "OFFSET_MIN",
+    "SCALE_BIAS",
+    "STAT_OFFSET_MAX",
+    "STAT_OFFSET_MIN",
+    "TOP_EXPONENT",
+    "Exactness",
+    "ExpertEncoder",
+    "block_offsets",
+    "build_byte_table",
+    "channel_exponents",
+    "decode",
+    "encode",
+    "exactness",
+    "exactness_table",
+    "offset_table",
+    "scale_values",
 ]
 
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
