@@ -92,6 +92,16 @@ def _contiguous_u8(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().view(torch.uint8)
 
 
+def _check_target(out: torch.Tensor, rows: int, dest: torch.Tensor, count: int) -> None:
+    """The C loops write ``out[k, dest[j]]`` for k < ``rows``, j < ``count``: refuse, before any
+    byte is written, a target they would overrun (a caller's bug, never data)."""
+    if (out.dtype != torch.uint8 or out.dim() != 2 or out.stride(1) != 1 or out.shape[0] < rows
+            or dest.dtype != torch.int64 or dest.shape != (count,)
+            or (count and (int(dest.min()) < 0 or int(dest.max()) >= out.shape[1]))):
+        raise ValueError(f"output buffer {list(out.shape)} (strides {list(out.stride())}) cannot take {rows} rows "
+                         f"into columns {dest.shape}")
+
+
 def mxfp4_expert(blocks: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
                  dest: torch.Tensor) -> tuple[torch.Tensor, mxfp4.Exactness]:
     """One MXFP4 expert (blocks [rows, K/32, 16], scales [rows, K/32], every scale byte at most
@@ -99,6 +109,9 @@ def mxfp4_expert(blocks: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
     channel exponents t, int32 [rows]; its exactness), as the torch path computes them."""
     blocks, scales, dest = _contiguous_u8(blocks), _contiguous_u8(scales), dest.contiguous()
     rows, groups = scales.shape
+    if tuple(blocks.shape) != (rows, groups, mxfp4.BLOCK_SIZE // 2):
+        raise ValueError(f"blocks {list(blocks.shape)} do not match scales {list(scales.shape)}")
+    _check_target(out, groups * mxfp4.BLOCK_SIZE, dest, rows)
     byte_table = mxfp4._BYTE_TABLE.contiguous()  # the torch path's own table, whatever it is now
     codes, rel, code_exponent = _mxfp4_statistics()
     t = torch.empty(rows, dtype=torch.int32)
@@ -123,6 +136,7 @@ def ct_rows(q: torch.Tensor, halve: torch.Tensor, neuron_max: int, out: torch.Te
     the halved rows hold)."""
     q, dest = _contiguous_u8(q), dest.contiguous()
     rows, cols = q.shape
+    _check_target(out, cols, dest, rows)
     row_max = torch.empty(rows, dtype=torch.uint8)
     histogram = torch.zeros(16, dtype=torch.int64)
     _LIB.nxg_ct_rows(_ptr(q), rows, cols, _ptr(halve), neuron_max, _ptr(out), out.stride(0),
@@ -144,6 +158,10 @@ def bf16_encode(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
     into column ``dest[c]``): (non-zero round trips, inexact, non-zero source values, worst and
     summed relative error of the values kept non-zero) — ``fp8.DenseEncoder``'s statistics."""
     weight, scale, dest = weight.contiguous(), scale.to(torch.float32).contiguous(), dest.contiguous()
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or scale.shape != (weight.shape[1],):
+        raise ValueError(f"expected BF16 [rows, cols] and float32 [cols] scales, got {weight.dtype} "
+                         f"{list(weight.shape)} and {list(scale.shape)}")
+    _check_target(out, weight.shape[0], dest, weight.shape[1])
     e4m3_of, e4m3_value = _e4m3_tables()
     counts = torch.zeros(3, dtype=torch.int64)
     worst = torch.zeros(1, dtype=torch.float32)
