@@ -467,7 +467,7 @@ def test_reconversion_is_byte_identical(mxfp4_source: Path, tmp_path: Path) -> N
 
 def test_an_exception_mid_way_leaves_nothing(mxfp4_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = {"n": 0}
-    real = hf_mxfp4._scale_row  # every expert's last step, on either encoder path
+    real = hf_mxfp4.scale_row  # every expert's last step, on either encoder path
 
     def failing(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls["n"] += 1
@@ -475,7 +475,7 @@ def test_an_exception_mid_way_leaves_nothing(mxfp4_source: Path, tmp_path: Path,
             raise RuntimeError("disk on fire")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(hf_mxfp4, "_scale_row", failing)
+    monkeypatch.setattr(hf_mxfp4, "scale_row", failing)
     with pytest.raises(RuntimeError, match="disk on fire"):
         convert(mxfp4_source, tmp_path / "out", progress=False)
     assert list(tmp_path.iterdir()) == []

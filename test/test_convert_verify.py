@@ -13,7 +13,7 @@ import torch
 from nxdi_gptoss_fp8 import convert as conversion
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
-from nxdi_gptoss_fp8.convert import kernels, mxfp4, output
+from nxdi_gptoss_fp8.convert import kernels, layout, mxfp4, output
 from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
 from nxdi_gptoss_fp8.convert.verify import verify_conversion
 from nxdi_gptoss_fp8.convert.verify_values import nonzero
@@ -76,7 +76,7 @@ def _break(monkeypatch: pytest.MonkeyPatch, corruption: str) -> None:
 
         monkeypatch.setattr(kernels, "AVAILABLE", False)  # the torch path's layout helpers
         monkeypatch.setattr(hf_mxfp4, "place_gate_up", _swapped_gate_up)
-        monkeypatch.setattr(hf_mxfp4, "chunk_interleaved", swapped_chunks)
+        monkeypatch.setattr(layout, "chunk_interleaved", swapped_chunks)
         monkeypatch.setattr(output, "chunk_interleaved", swapped_chunks)
     elif corruption == "missing_transpose":
         monkeypatch.setattr(kernels, "AVAILABLE", False)

@@ -14,25 +14,14 @@ from typing import Any
 import torch
 
 from ... import format as fmt
-from ...errors import ConversionError
 from ...safeio.safetensors_header import TensorInfo
 from .. import kernels
 from ..fp8 import DenseEncoder, channel_scales, column_amax
-from ..layout import chunk_interleaved, pad_to
+from ..layout import scale_row
 from ..mxfp4 import Exactness
-from ..output import (
-    CHUNK_BYTES,
-    ExpertStats,
-    Lane,
-    Output,
-    Workspace,
-    hf_biases,
-    put_biases,
-    require_finite,
-    stream_experts,
-)
-from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name, non_expert_specs
-from .base import ExpertRows
+from ..output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, require_finite, stream_experts
+from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name
+from .base import ExpertRows, FusedHfKind
 
 __all__ = ["NAME", "HfBf16"]
 
@@ -40,54 +29,32 @@ NAME = "hf-bf16"
 _TILE = 64
 
 
-class HfBf16:
+class HfBf16(FusedHfKind):
     """The HF BF16 source kind (see the module docstring)."""
 
     name = NAME
     description = "HF BF16 (model.layers.N.mlp.experts.gate_up_proj)"
-
-    def recognizes(self, names: set[str]) -> bool:
-        return expert_source_name(0, "gate_up_proj") in names
+    marker, quant_method, tensors_are = "gate_up_proj", None, "dense"
 
     def resolve(self, config: dict[str, Any], dims: fmt.ModelDims, tensors: dict[str, tuple[str, TensorInfo]],
                 config_path: str, options: dict[str, Any]) -> dict[str, Any]:
-        quant = config.get("quantization_config")
-        method = quant.get("quant_method") if isinstance(quant, dict) else None
-        if method is not None:
-            raise ConversionError(
-                f"{config_path}: tensors are dense but quantization_config.quant_method is {method!r}: "
-                "config and weights come from different sets"
-            )
+        self.check_quant_method(config, config_path)
         return {}
 
     def specs(self, dims: fmt.ModelDims, options: dict[str, Any]) -> dict[str, SourceSpec]:
-        specs = non_expert_specs(dims)
         e, h, i = dims.num_local_experts, dims.hidden_size, dims.intermediate_size
-        experts = {
-            "gate_up_proj": (e, h, 2 * i),
-            "gate_up_proj_bias": (e, 2 * i),
-            "down_proj": (e, i, h),
-            "down_proj_bias": (e, h),
-        }
-        for layer in range(dims.num_hidden_layers):
-            for short, shape in experts.items():
-                name = expert_source_name(layer, short)
-                specs[name] = SourceSpec(name, shape, FLOAT_DTYPES)
-        return specs
+        shapes = {"gate_up_proj": (e, h, 2 * i), "gate_up_proj_bias": (e, 2 * i), "down_proj": (e, i, h),
+                  "down_proj_bias": (e, h)}
+        return self.fused_specs(dims, {short: (shape, FLOAT_DTYPES) for short, shape in shapes.items()})
 
-    def convert_experts(self, reader: SourceReader, layer: int, out: Output, layout: fmt.Layout,
-                        workspace: Workspace) -> list[ExpertStats]:
-        put_biases(out, layer, *hf_biases(reader, layer), layout)
-        return [_projection(reader, layer, proj, out, layout, workspace) for proj in (fmt.GATE_UP, fmt.DOWN)]
+    @staticmethod
+    def projection(*args: Any) -> ExpertStats:
+        return _projection(*args)
 
     def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> ExpertRows:
         short = "gate_up_proj" if proj == fmt.GATE_UP else "down_proj"
         rows = reader.slice(expert_source_name(layer, short))[expert].t()  # [2I, H] or [H, I], as stored
         return _DenseRows(rows, tuple(rows.shape), torch.float32)
-
-    def reference_biases(self, reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return hf_biases(reader, layer)
-
 
 class _DenseRows(ExpertRows):
     """Source rows [out, in] of an expert stored input-dim first: each block of rows is a
@@ -138,7 +105,7 @@ def _encode_expert(lane: Lane, weight: torch.Tensor, proj: str, padded_i: int, p
         kept, inexact, nonzero, worst, rel_sum = kernels.bf16_encode(weight, scale, lane.buffer, dest)
         result.values, result.inexact, result.flushed_to_zero = weight.numel(), inexact, nonzero - kept
         result.max_rel_error, result.nonzero, result.rel_sum = worst, kept, rel_sum
-        return result, _scale_row(scale, proj, padded_i, lane.buffer.shape[1])
+        return result, scale_row(scale, proj == fmt.GATE_UP, padded_i, lane.buffer.shape[1])
     encoder: DenseEncoder = lane.tools
     if proj == fmt.GATE_UP:
         half = weight.shape[1] // 2
@@ -157,14 +124,7 @@ def _encode_expert(lane: Lane, weight: torch.Tensor, proj: str, padded_i: int, p
     error = encoder.encode(weight, scale, place)
     result.values, result.inexact, result.flushed_to_zero = error.values, error.inexact, error.flushed_to_zero
     result.max_rel_error, result.nonzero, result.rel_sum = error.max_rel_error, error.nonzero, error.rel_sum
-    return result, _scale_row(scale, proj, padded_i, lane.buffer.shape[1])
-
-
-def _scale_row(scale: torch.Tensor, proj: str, padded_i: int, width: int) -> torch.Tensor:
-    """float32 [out']: the channel scales in the output's order (gate_up chunked), padded with 1.0."""
-    if proj == fmt.GATE_UP:
-        return chunk_interleaved(scale, padded_i, 1.0)
-    return pad_to(scale, (width,), 1.0)
+    return result, scale_row(scale, proj == fmt.GATE_UP, padded_i, lane.buffer.shape[1])
 
 
 def _projection(reader: SourceReader, layer: int, proj: str, out: Output, layout: fmt.Layout,
