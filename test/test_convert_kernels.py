@@ -122,11 +122,17 @@ def test_compressed_tensors_matches_the_torch_path(seed: int, channels: int, col
 
 
 @compiled
-def test_the_halving_table_is_the_torch_paths_halving() -> None:
+@pytest.mark.parametrize("sign", [0x00, 0x80])
+def test_every_byte_is_halved_as_the_torch_path_halves_it(sign: int, monkeypatch: pytest.MonkeyPatch) -> None:
     every = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-    bytes_ = every[(every & 0x7F) != 0x7F].reshape(1, -1)  # every byte but NaN, in a row beyond ±240
-    halved, _, _ = compressed_tensors._neuron_range(bytes_.view(FP8_DTYPE), torch.ones((1, 1)), "w")
-    assert torch.equal(halved.reshape(-1), compressed_tensors._HALVED[bytes_.reshape(-1).long()])
+    row = every[(every & 0x7F) != 0x7F] | sign  # every magnitude but NaN's, in a row beyond ±240
+    q = row.reshape(1, -1).repeat(3, 1).view(FP8_DTYPE)
+
+    def run():  # type: ignore[no-untyped-def]
+        lane = Lane(torch.zeros((q.shape[1], 3), dtype=torch.uint8))
+        return lane.buffer, compressed_tensors._encode_down(lane, q, torch.ones((3, 1)), "w")
+
+    _same(*both_paths(monkeypatch, run))
 
 
 @compiled

@@ -15,13 +15,71 @@
 #define TILE_ROWS 64
 #define SEGMENT 8192
 
-/* A tile of encoded rows [n, cols] into out[k * ld + dest[r]]: column r of the output per row. */
+#ifdef __SSE2__
+#include <emmintrin.h>
+
+/* 16 rows of 16 bytes (rows[j] + k) → 16 columns: out[(k + i) * ld + j] for i, j < 16. */
+static inline void transpose16(const uint8_t *const rows[16], int64_t k, uint8_t *out, int64_t ld) {
+    __m128i a[16], b[16];
+    for (int j = 0; j < 16; j++) a[j] = _mm_loadu_si128((const __m128i *)(rows[j] + k));
+    for (int j = 0; j < 8; j++) {
+        b[2 * j] = _mm_unpacklo_epi8(a[2 * j], a[2 * j + 1]);
+        b[2 * j + 1] = _mm_unpackhi_epi8(a[2 * j], a[2 * j + 1]);
+    }
+    for (int j = 0; j < 4; j++) {
+        a[4 * j] = _mm_unpacklo_epi16(b[4 * j], b[4 * j + 2]);
+        a[4 * j + 1] = _mm_unpackhi_epi16(b[4 * j], b[4 * j + 2]);
+        a[4 * j + 2] = _mm_unpacklo_epi16(b[4 * j + 1], b[4 * j + 3]);
+        a[4 * j + 3] = _mm_unpackhi_epi16(b[4 * j + 1], b[4 * j + 3]);
+    }
+    for (int j = 0; j < 2; j++) {
+        for (int m = 0; m < 4; m++) {
+            b[8 * j + 2 * m] = _mm_unpacklo_epi32(a[8 * j + m], a[8 * j + m + 4]);
+            b[8 * j + 2 * m + 1] = _mm_unpackhi_epi32(a[8 * j + m], a[8 * j + m + 4]);
+        }
+    }
+    for (int m = 0; m < 8; m++) {
+        a[2 * m] = _mm_unpacklo_epi64(b[m], b[m + 8]);
+        a[2 * m + 1] = _mm_unpackhi_epi64(b[m], b[m + 8]);
+    }
+    /* a[x]: column k + x of the 16 rows */
+    for (int x = 0; x < 16; x++) _mm_storeu_si128((__m128i *)(out + (k + x) * ld), a[x]);
+}
+#endif
+
+/* A tile of encoded rows [n, cols] into out[k * ld + dest[r]]: column dest[r] of the output per
+ * row. Rows whose destinations run on by one (sorted first) go 16 at a time through a 16 × 16
+ * byte transpose; the rest byte by byte. */
 static void place_rows(const uint8_t *tile, int64_t n, int64_t cols, uint8_t *out, int64_t ld,
                        const int64_t *dest) {
-    for (int64_t k = 0; k < cols; k++) {
+    int64_t order[TILE_ROWS];
+    for (int64_t r = 0; r < n; r++) {  /* insertion sort of the rows by destination */
+        int64_t j = r;
+        while (j > 0 && dest[order[j - 1]] > dest[r]) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = r;
+    }
+    int64_t r = 0;
+#ifdef __SSE2__
+    const int64_t whole = cols - cols % 16;
+    while (r + 16 <= n) {
+        int run = 1;
+        while (run < 16 && dest[order[r + run]] == dest[order[r]] + run) run++;
+        if (run < 16) break;
+        const uint8_t *rows[16];
+        for (int j = 0; j < 16; j++) rows[j] = tile + order[r + j] * cols;
+        uint8_t *o = out + dest[order[r]];
+        for (int64_t k = 0; k < whole; k += 16) transpose16(rows, k, o, ld);
+        for (int64_t k = whole; k < cols; k++)
+            for (int j = 0; j < 16; j++) o[k * ld + j] = rows[j][k];
+        r += 16;
+    }
+#endif
+    for (int64_t k = 0; k < cols && r < n; k++) {
         uint8_t *o = out + k * ld;
-        const uint8_t *t = tile + k;
-        for (int64_t r = 0; r < n; r++) o[dest[r]] = t[r * cols];
+        for (int64_t j = r; j < n; j++) o[dest[order[j]]] = tile[order[j] * cols + k];
     }
 }
 
@@ -109,9 +167,9 @@ int64_t nxg_mxfp4_expert(const uint8_t *blocks, const uint8_t *scales, int64_t r
 /* ---------------------------------------------------------------- compressed-tensors */
 
 /* OCP E4M3 rows q [rows, cols] → within ±240: a row whose largest magnitude byte is above
- * neuron_max is mapped through halve[256]; every row's largest magnitude byte into row_max;
- * hist[m] += the bytes of magnitude m < 16 in halved rows. */
-void nxg_ct_rows(const uint8_t *q, int64_t rows, int64_t cols, const uint8_t *halve, int32_t neuron_max,
+ * neuron_max is halved byte by byte (integer ops: vectorized); its largest magnitude byte into row_max;
+ * hist[m] += the bytes of odd magnitude m < 16 in halved rows (the ones halving rounds). */
+void nxg_ct_rows(const uint8_t *q, int64_t rows, int64_t cols, int32_t neuron_max,
                  uint8_t *out, int64_t ld, const int64_t *dest, uint8_t *row_max, int64_t *hist) {
     static __thread uint8_t *buffer = NULL;
     static __thread int64_t buffer_size = 0;
@@ -140,11 +198,17 @@ void nxg_ct_rows(const uint8_t *q, int64_t rows, int64_t cols, const uint8_t *ha
                 const uint8_t *row = q + (start + r) * cols;
                 uint8_t *b = buffer + r * cols;
                 if (row_max[start + r] > neuron_max) {
+                    uint8_t rounded = 0;  /* any odd magnitude below 16: halving rounds it */
                     for (int64_t k = 0; k < cols; k++) {
-                        uint8_t v = row[k];
-                        b[k] = halve[v];
-                        if ((v & 0x7F) < 16) hist[v & 0x7F]++;
+                        /* from exponent field 2 up the field minus one; below, m/2 to nearest even */
+                        uint8_t v = row[k], m = v & 0x7F;
+                        uint8_t low = (uint8_t)((v & 0x80) | ((m >> 1) + (m & (m >> 1) & 1)));
+                        b[k] = m >= 16 ? (uint8_t)(v - 8) : low;
                     }
+                    for (int64_t k = 0; k < cols; k++) rounded |= (uint8_t)((row[k] & 0x71) == 0x01);
+                    if (rounded)
+                        for (int64_t k = 0; k < cols; k++)
+                            if ((row[k] & 0x71) == 0x01) hist[row[k] & 0x0F]++;
                 } else {
                     memcpy(b, row, (size_t)cols);
                 }

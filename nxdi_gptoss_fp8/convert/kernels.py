@@ -6,7 +6,8 @@ statistics — instead of a dozen torch passes. Optional: ``pip install`` compil
 where a C compiler exists; without it (or with ``NXDI_GPTOSS_FP8_KERNELS=torch``) ``AVAILABLE``
 is False and the kinds run their torch path, which is also what the tests hold these functions
 to, byte for byte. Every table that decides a value is built here from the torch path's own
-functions; the C file holds loops and layout only. Loaded through ctypes, which releases the
+functions (compressed-tensors' halving alone is integer arithmetic in C too, the torch path's
+formula, checked on every byte by the tests); the C file holds loops and layout otherwise. Loaded through ctypes, which releases the
 GIL for each call, so the compute lanes run in parallel.
 """
 
@@ -45,7 +46,7 @@ def _load() -> Any:
         library.nxg_mxfp4_expert.argtypes = (p, p, i64, i64, p, i32, i32, i32, i32, p, p, i32, i32, p, i32, i32, i32,
                                              p, i64, p, p, p, p)
         library.nxg_mxfp4_expert.restype = i64
-        library.nxg_ct_rows.argtypes = (p, i64, i64, p, i32, p, i64, p, p, p)
+        library.nxg_ct_rows.argtypes = (p, i64, i64, i32, p, i64, p, p, p)
         library.nxg_ct_rows.restype = None
         library.nxg_bf16_amax.argtypes = (p, i64, i64, p)
         library.nxg_bf16_amax.restype = None
@@ -128,18 +129,18 @@ def mxfp4_expert(blocks: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
     return t, exactness
 
 
-def ct_rows(q: torch.Tensor, halve: torch.Tensor, neuron_max: int, out: torch.Tensor,
-            dest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def ct_rows(q: torch.Tensor, neuron_max: int, out: torch.Tensor, dest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """OCP E4M3 rows ``q`` [rows, K] into ``out`` [K', out'] (row r into column ``dest[r]``), a
-    row whose largest magnitude byte is above ``neuron_max`` through ``halve`` [256]: (each row's
-    largest magnitude byte, uint8 [rows]; int64 [16] how many bytes of each magnitude below 16
-    the halved rows hold)."""
+    row whose largest magnitude byte is above ``neuron_max`` halved (the integer ops of
+    ``kinds.compressed_tensors``, vectorized): (each row's largest magnitude byte, uint8 [rows];
+    int64 [16]: how many bytes of each odd magnitude below 16, the ones halving rounds, the halved
+    rows hold)."""
     q, dest = _contiguous_u8(q), dest.contiguous()
     rows, cols = q.shape
     _check_target(out, cols, dest, rows)
     row_max = torch.empty(rows, dtype=torch.uint8)
     histogram = torch.zeros(16, dtype=torch.int64)
-    _LIB.nxg_ct_rows(_ptr(q), rows, cols, _ptr(halve), neuron_max, _ptr(out), out.stride(0),
+    _LIB.nxg_ct_rows(_ptr(q), rows, cols, neuron_max, _ptr(out), out.stride(0),
                      _ptr(dest), _ptr(row_max), _ptr(histogram))
     return row_max, histogram
 

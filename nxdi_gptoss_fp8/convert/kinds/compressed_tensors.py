@@ -353,7 +353,7 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str,
 
     exactness = Exactness(values=q.numel())
     if kernels.AVAILABLE and out is not None and dest is not None:
-        row_max, histogram = kernels.ct_rows(q, _HALVED, _NEURON_MAX_BYTE, out, dest)
+        row_max, histogram = kernels.ct_rows(q, _NEURON_MAX_BYTE, out, dest)
         _count_rounded(histogram, exactness)
         s, _ = _check_rows(row_max, scale, where)
         return None, s, exactness
@@ -392,16 +392,6 @@ def _halving(mag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     minus = (clamped + 1).bitwise_right_shift_(1)
     minus.sub_(clamped.bitwise_right_shift(1).bitwise_and_(clamped).bitwise_and_(1))
     return minus, clamped.bitwise_and_(1)  # odd m of the bottom binades: halving rounds them
-
-
-def _halved_bytes() -> torch.Tensor:
-    """uint8 [256]: each byte halved by ``_halving`` (the compiled encoder's table)."""
-    every = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-    minus, _ = _halving(every.bitwise_and(_MAG))
-    return (every - minus).contiguous()
-
-
-_HALVED = _halved_bytes()
 
 
 def _count_rounded(counts: torch.Tensor, exactness: Exactness) -> None:
