@@ -12,13 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TILE_ROWS 64
+#define TILE_ROWS 128
 #define SEGMENT 8192
 
 #ifdef __SSE2__
 #include <emmintrin.h>
 
-/* 16 rows of 16 bytes (rows[j] + k) → 16 columns: out[(k + i) * ld + j] for i, j < 16. */
+/* 16 rows of 16 bytes (rows[j] + k) → 16 columns: out[i * ld + j] for i, j < 16. */
 static inline void transpose16(const uint8_t *const rows[16], int64_t k, uint8_t *out, int64_t ld) {
     __m128i a[16], b[16];
     for (int j = 0; j < 16; j++) a[j] = _mm_loadu_si128((const __m128i *)(rows[j] + k));
@@ -43,13 +43,15 @@ static inline void transpose16(const uint8_t *const rows[16], int64_t k, uint8_t
         a[2 * m + 1] = _mm_unpackhi_epi64(b[m], b[m + 8]);
     }
     /* a[x]: column k + x of the 16 rows */
-    for (int x = 0; x < 16; x++) _mm_storeu_si128((__m128i *)(out + (k + x) * ld), a[x]);
+    for (int x = 0; x < 16; x++) _mm_storeu_si128((__m128i *)(out + x * ld), a[x]);
 }
 #endif
 
 /* A tile of encoded rows [n, cols] into out[k * ld + dest[r]]: column dest[r] of the output per
- * row. Rows whose destinations run on by one (sorted first) go 16 at a time through a 16 × 16
- * byte transpose; the rest byte by byte. */
+ * row. The rows are sorted by destination; runs of 64 whose destinations run on by one go 16
+ * columns at a time through four 16 × 16 byte transposes into whole 64-byte output lines, written
+ * with streaming stores where aligned (the buffer is far larger than the cache: no line is read
+ * before it is overwritten); runs of 16 through one transpose; the rest byte by byte. */
 static void place_rows(const uint8_t *tile, int64_t n, int64_t cols, uint8_t *out, int64_t ld,
                        const int64_t *dest) {
     int64_t order[TILE_ROWS];
@@ -66,16 +68,36 @@ static void place_rows(const uint8_t *tile, int64_t n, int64_t cols, uint8_t *ou
     const int64_t whole = cols - cols % 16;
     while (r + 16 <= n) {
         int run = 1;
-        while (run < 16 && dest[order[r + run]] == dest[order[r]] + run) run++;
+        while (r + run < n && run < 64 && dest[order[r + run]] == dest[order[r]] + run) run++;
         if (run < 16) break;
-        const uint8_t *rows[16];
-        for (int j = 0; j < 16; j++) rows[j] = tile + order[r + j] * cols;
+        run = run >= 64 ? 64 : 16;
+        const uint8_t *rows[64];
+        for (int j = 0; j < run; j++) rows[j] = tile + order[r + j] * cols;
         uint8_t *o = out + dest[order[r]];
-        for (int64_t k = 0; k < whole; k += 16) transpose16(rows, k, o, ld);
+        if (run == 64) {
+            uint8_t lines[16 * 64] __attribute__((aligned(16)));
+            const int stream = ((uintptr_t)o % 16 == 0) && (ld % 16 == 0);
+            for (int64_t k = 0; k < whole; k += 16) {
+                for (int q = 0; q < 4; q++) transpose16(rows + 16 * q, k, lines + 16 * q, 64);
+                for (int x = 0; x < 16; x++) {
+                    uint8_t *line = o + (k + x) * ld;
+                    for (int q = 0; q < 4; q++) {
+                        __m128i v = _mm_load_si128((const __m128i *)(lines + x * 64 + 16 * q));
+                        if (stream)
+                            _mm_stream_si128((__m128i *)(line + 16 * q), v);
+                        else
+                            _mm_storeu_si128((__m128i *)(line + 16 * q), v);
+                    }
+                }
+            }
+        } else {
+            for (int64_t k = 0; k < whole; k += 16) transpose16(rows, k, o + k * ld, ld);
+        }
         for (int64_t k = whole; k < cols; k++)
-            for (int j = 0; j < 16; j++) o[k * ld + j] = rows[j][k];
-        r += 16;
+            for (int j = 0; j < run; j++) o[k * ld + j] = rows[j][k];
+        r += run;
     }
+    _mm_sfence();
 #endif
     for (int64_t k = 0; k < cols && r < n; k++) {
         uint8_t *o = out + k * ld;
@@ -83,7 +105,35 @@ static void place_rows(const uint8_t *tile, int64_t n, int64_t cols, uint8_t *ou
     }
 }
 
-/* ---------------------------------------------------------------- MXFP4 */
+#if defined(__SSE2__) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <tmmintrin.h>
+#define NXG_SSSE3 1
+
+/* The largest magnitude code (0..7) of one block of 16 packed bytes. */
+static inline int block_top_code(const uint8_t *blk) {
+    const __m128i seven = _mm_set1_epi8(7);
+    __m128i b = _mm_loadu_si128((const __m128i *)blk);
+    __m128i m = _mm_max_epu8(_mm_and_si128(b, seven), _mm_and_si128(_mm_srli_epi16(b, 4), seven));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 8));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 4));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 2));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 1));
+    return _mm_cvtsi128_si32(m) & 0xFF;
+}
+
+/* One block: 16 packed bytes → 32 E4M3 bytes, each nibble through its 16-entry table (the low
+ * nibble's, the even element, first). */
+__attribute__((target("ssse3"))) static inline void encode_block_ssse3(const uint8_t *blk, const uint8_t *low_table,
+                                                                       const uint8_t *high_table, uint8_t *o) {
+    const __m128i nibble = _mm_set1_epi8(0x0F);
+    __m128i b = _mm_loadu_si128((const __m128i *)blk);
+    __m128i low = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)low_table), _mm_and_si128(b, nibble));
+    __m128i high = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)high_table),
+                                    _mm_and_si128(_mm_srli_epi16(b, 4), nibble));
+    _mm_storeu_si128((__m128i *)o, _mm_unpacklo_epi8(low, high));
+    _mm_storeu_si128((__m128i *)(o + 16), _mm_unpackhi_epi8(low, high));
+}
+#endif
 
 /* One MXFP4 expert: blocks [rows, groups, 16], scales [rows, groups] (every byte at most 252,
  * checked by the caller) → t_out[rows], the channel exponents, and the E4M3 bytes into
@@ -106,6 +156,20 @@ int64_t nxg_mxfp4_expert(const uint8_t *blocks, const uint8_t *scales, int64_t r
     const int64_t cols = groups * 32;
     int64_t inexact = 0, flushed = 0;
     double worst = *max_rel;
+#ifdef NXG_SSSE3
+    /* the byte table split by nibble, per offset: [d][low nibble c] = the even element's byte of
+     * packed byte c, [d][16 + high nibble c] = the odd element's byte of packed byte c << 4 */
+    uint8_t nibbles[64 * 32];
+    const int ssse3 = offset_max - offset_min < 64 && __builtin_cpu_supports("ssse3");
+    if (ssse3)
+        for (int32_t dd = 0; dd <= offset_max - offset_min; dd++)
+            for (int c = 0; c < 16; c++) {
+                const uint8_t *low = (const uint8_t *)(byte_table + dd * 256 + c);
+                const uint8_t *high = (const uint8_t *)(byte_table + dd * 256 + (c << 4));
+                nibbles[dd * 32 + c] = low[0];
+                nibbles[dd * 32 + 16 + c] = high[1];
+            }
+#endif
     /* one tile buffer per thread, kept for the next call (the lanes call from their own threads) */
     static __thread uint8_t *buffer = NULL;
     static __thread int64_t buffer_size = 0;
@@ -123,8 +187,13 @@ int64_t nxg_mxfp4_expert(const uint8_t *blocks, const uint8_t *scales, int64_t r
             int32_t largest = no_value;
             for (int64_t g = 0; g < groups; g++) {
                 const uint8_t *blk = row_blocks + g * 16;
+#ifdef NXG_SSSE3
+                int top = block_top_code(blk);
+                (void)top_mag;
+#else
                 uint8_t top = 0;
                 for (int j = 0; j < 16; j++) top = top_mag[blk[j]] > top ? top_mag[blk[j]] : top;
+#endif
                 if (top) {
                     int32_t e = (int32_t)row_scales[g] - 127 + code_exp[top];
                     if (e > largest) largest = e;
@@ -140,7 +209,13 @@ int64_t nxg_mxfp4_expert(const uint8_t *blocks, const uint8_t *scales, int64_t r
                 int32_t dc = d < offset_min ? offset_min : (d > offset_max ? offset_max : d);
                 const int16_t *table = byte_table + (int64_t)(dc - offset_min) * 256;
                 int16_t *o = pairs + g * 16;
-                for (int j = 0; j < 16; j++) o[j] = table[blk[j]];
+#ifdef NXG_SSSE3
+                if (ssse3)
+                    encode_block_ssse3(blk, nibbles + (dc - offset_min) * 32, nibbles + (dc - offset_min) * 32 + 16,
+                                       (uint8_t *)o);
+                else
+#endif
+                    for (int j = 0; j < 16; j++) o[j] = table[blk[j]];
                 if (d < exact_min || d > exact_max) {
                     int32_t ds = d < stat_dmin ? stat_dmin : (d > stat_dmax ? stat_dmax : d);
                     const uint8_t *sc = stat_codes + (int64_t)(ds - stat_dmin) * 256;
