@@ -572,7 +572,8 @@ def _run_baseline(baseline: str, kind: str, src: str, target: str) -> dict[str, 
     return {"seconds": result["wall_s"], "cpu_seconds": result["cpu_s"], "fp8_bytes": result["fp8_bytes"]}
 
 
-def bench_baseline(workdir: str, layers: int, vocab: int, experts: int, repeat: int, baseline: str) -> None:
+def bench_baseline(workdir: str, layers: int, vocab: int, experts: int, repeat: int, baseline: str,
+                   verify: bool = True) -> None:
     """Ours, with and without commit-time hashing, against the independent baseline, per source kind, in one run."""
     print(f"versus the independent baseline in {baseline}: {layers} layer(s) of gpt-oss-120b shapes (H = I = 2880) "
           f"with {experts} experts, {repeat} interleaved runs of each case, medians; {_load()}")
@@ -600,9 +601,10 @@ def bench_baseline(workdir: str, layers: int, vocab: int, experts: int, repeat: 
             _warm(src)
             runs.setdefault("baseline", []).append(_loaded(_run_baseline(baseline, kind, src, target)))
             os.remove(target)
-            _warm(src)
-            _warm(out)
-            runs.setdefault("verify", []).append(_run_child(["verify", src, out]))
+            if verify:
+                _warm(src)
+                _warm(out)
+                runs.setdefault("verify", []).append(_run_child(["verify", src, out]))
             runs.setdefault("encode ours", []).append(_run_child(["encode", kind, src, "ours", baseline]))
             runs.setdefault("encode baseline", []).append(_run_child(["encode", kind, src, "baseline", baseline]))
     print("\nGB of FP8 per CPU-second (user + system of every thread and worker process, from the OS: other jobs' "
@@ -616,8 +618,10 @@ def bench_baseline(workdir: str, layers: int, vocab: int, experts: int, repeat: 
     for kind, runs in rows.items():
         ours, unhashed, base = _rate(runs["ours"]), _rate(runs["ours, no hashing"]), _rate(runs["baseline"])
         enc, enc_base = _rate(runs["encode ours"]), _rate(runs["encode baseline"])
-        verify_cpu = _median(runs["verify"], "call_cpu_seconds") / _median(runs["ours"], "call_cpu_seconds")
-        verify_wall = _median(runs["verify"], "seconds") / _median(runs["ours"], "seconds")
+        verify_cpu = verify_wall = float("nan")
+        if "verify" in runs:
+            verify_cpu = _median(runs["verify"], "call_cpu_seconds") / _median(runs["ours"], "call_cpu_seconds")
+            verify_wall = _median(runs["verify"], "seconds") / _median(runs["ours"], "seconds")
         cpu = " / ".join(f"{_median(runs[case], 'call_cpu_seconds' if case != 'baseline' else 'cpu_seconds'):.2f}"
                          for case in ("ours", "ours, no hashing", "baseline"))
         to_disk = _median(runs["dd"], "seconds") / _median(runs["ours"], "seconds")
@@ -787,6 +791,7 @@ def main() -> int:
                              "../shared/bench")
     parser.add_argument("--experts", type=int, default=BASELINE_EXPERTS,
                         help=f"experts per layer with --baseline (default {BASELINE_EXPERTS}: per-expert work is the measure)")
+    parser.add_argument("--no-verify", action="store_true", help="with --baseline: leave out verify-conversion")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -805,7 +810,8 @@ def main() -> int:
           f"gpt-oss-120b layer shapes, vocab shrunk to {args.vocab}; work dir {workdir}")
     try:
         if baseline:
-            bench_baseline(workdir, max(counts), args.vocab, args.experts, args.repeat or 3, baseline)
+            bench_baseline(workdir, max(counts), args.vocab, args.experts, args.repeat or 3, baseline,
+                           verify=not args.no_verify)
             return 0
         if args.workers:
             source = make_sources(workdir, SOURCE_MXFP4, [max(counts)], args.vocab)[max(counts)]
