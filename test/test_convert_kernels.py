@@ -203,17 +203,19 @@ def test_both_paths_write_the_same_files(kind: str, tmp_path: Path, monkeypatch:
         src = make_source(tmp_path / "src", kind, scale_range=REALISTIC_SCALE_RANGE)
         options = {}
     outputs = []
-    for available in (True, False):
+    for run, available in enumerate((True, False, True)):  # compiled, torch, compiled again
         monkeypatch.setattr(kernels, "AVAILABLE", available)
-        out = tmp_path / f"out-{available}"
+        out = tmp_path / f"out-{run}"
         report = convert(src, out, progress=False, padded_hidden_size=96, padded_intermediate_size=128, **options)
         outputs.append((out, report))
-    (ours, report), (theirs, report_t) = outputs
+    (ours, report) = outputs[0]
     names = sorted(path.name for path in ours.iterdir())
-    assert names == sorted(path.name for path in theirs.iterdir())
-    for name in names:
-        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
-    assert report.exactness_summary() == report_t.exactness_summary()
+    for theirs, report_t in outputs[1:]:
+        assert names == sorted(path.name for path in theirs.iterdir())
+        for name in names:
+            assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
+        assert report.exactness_summary() == report_t.exactness_summary()
+    assert report.to_dict()["experts"] == outputs[2][1].to_dict()["experts"]  # the means too, run to run
     assert json.loads((ours / fmt.INDEX_FILE).read_text())["metadata"]["shard_sha256"]
 
 
