@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.machinery
+import logging
 import os
 from functools import cache
 from typing import Any
@@ -27,12 +28,16 @@ from .fp8 import FP8_DTYPE
 
 __all__ = ["AVAILABLE", "ENV", "bf16_amax", "bf16_encode", "ct_rows", "gate_up_destinations", "mxfp4_expert"]
 
-ENV = "NXDI_GPTOSS_FP8_KERNELS"  # "torch": never load the compiled encoders
+ENV = "NXDI_GPTOSS_FP8_KERNELS"  # "torch": never load the compiled encoders; "compiled" or unset: where built
 
 
 def _load() -> Any:
-    if os.environ.get(ENV, "").strip().lower() in ("torch", "off", "0", "no"):
+    choice = os.environ.get(ENV, "").strip().lower()
+    if choice == "torch":
         return None
+    if choice not in ("", "compiled"):
+        logging.getLogger(__name__).warning("%s=%r is neither 'torch' nor 'compiled': the compiled encoders run where "
+                                            "built", ENV, os.environ[ENV])
     here = os.path.dirname(os.path.abspath(__file__))
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = os.path.join(here, f"_kernels{suffix}")
