@@ -5,7 +5,7 @@ docs/install.md); running a model needs the AWS Neuron SDK, which this package n
 import os
 import re
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,6 +38,13 @@ class BuildWithFormatDocument(build_py):
         return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, "nxdi_gptoss_fp8", "format.md")]
 
 
+# The converter's one-pass encoders (nxdi_gptoss_fp8/convert/_kernels.c, plain C, loaded through
+# ctypes): optional — where no C compiler works (none installed, CC=false) the build warns and the
+# install goes on; the converter then runs its torch path (convert/kernels.py says which).
+KERNELS = Extension("nxdi_gptoss_fp8.convert._kernels", sources=["nxdi_gptoss_fp8/convert/_kernels.c"],
+                    extra_compile_args=["-O3"], optional=True)
+
+
 setup(
     name="nxdi-gptoss-fp8",
     version="0.5.0",
@@ -56,6 +63,7 @@ setup(
     packages=find_packages(include=["nxdi_gptoss_fp8", "nxdi_gptoss_fp8.*"]),
     package_data={"nxdi_gptoss_fp8": ["py.typed", "format.md"]},
     cmdclass={"build_py": BuildWithFormatDocument},
+    ext_modules=[KERNELS],
     install_requires=[],
     extras_require={
         # install the torch build you need first (CPU index, or torch-neuronx's on a Neuron host):

@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import struct
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ from .output_target.space import check_space
 from .output_target.work_dirs import make_private_dir, refuse_concurrent_writer, remove_stale_partials
 from .progress import Progress
 from .safeio.files import open_regular
-from .safeio.hashing import hash_files
+from .safeio.hashing import BackgroundHasher
 from .units import plural
 
 __all__ = [
@@ -211,6 +212,10 @@ class CheckpointWriter:
             for spec in specs:
                 self._plan[spec.name] = PlannedTensor(spec, shard, offsets[spec.name])
         self._written: dict[str, int] = dict.fromkeys(self._plan, 0)
+        # bytes each shard still waits for: at 0 its SHA-256 starts in the background
+        self._remaining = {shard: size - len(header) for shard, (header, size) in self._headers.items()}
+        self._lock = threading.Lock()  # the counts, updated from the writing threads
+        self._hasher: BackgroundHasher | None = None
         self._fds: dict[str, int] = {}
         self.tmp: str | None = None
         self.committed = False
@@ -266,6 +271,8 @@ class CheckpointWriter:
                 self._fds[shard] = fd
                 os.pwrite(fd, header, 0)
                 os.ftruncate(fd, size)
+            if self.record_sha256:
+                self._hasher = BackgroundHasher(self.hash_workers)
         except ConversionError:
             self.abort()
             raise
@@ -279,6 +286,7 @@ class CheckpointWriter:
         return self
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        self._stop_hashing()
         self._close_files()
         if not self.committed:
             self.abort()
@@ -297,7 +305,18 @@ class CheckpointWriter:
         except OSError as exc:  # the file being written named (a pwrite error names none)
             exc.filename = exc.filename or os.path.join(self.tmp or "", planned.shard)
             raise
-        self._written[name] += raw.nbytes
+        self._count(name, planned.shard, raw.nbytes)
+
+    def _count(self, name: str, shard: str, size: int) -> None:
+        """Count ``size`` more bytes of tensor ``name`` written; a shard whose every byte is
+        written is handed to the background hasher at once (it is hashed while the rest converts,
+        through the page cache)."""
+        with self._lock:
+            self._written[name] += size
+            self._remaining[shard] -= size
+            complete = self._remaining[shard] == 0
+        if complete and self._hasher is not None and self.tmp is not None:
+            self._hasher.submit(shard, os.path.join(self.tmp, shard))
 
     def put_zeros(self, name: str) -> None:
         """Declare all of tensor ``name`` zero without writing it: shard files are created at
@@ -305,7 +324,7 @@ class CheckpointWriter:
         planned = self._plan.get(name)
         if planned is None:
             raise ConversionError(f"{name} is not a tensor of the normalized format")
-        self._written[name] = planned.spec.nbytes
+        self._count(name, planned.shard, planned.spec.nbytes - self._written[name])
 
     def mark_written(self, name: str, size: int) -> None:
         """Count ``size`` bytes of tensor ``name`` as written by a worker process straight into
@@ -313,13 +332,14 @@ class CheckpointWriter:
         planned = self._plan.get(name)
         if planned is None or size < 0 or self._written[name] + size > planned.spec.nbytes:
             raise ConversionError(f"{name}: {plural(size, 'more byte')} do not fit the planned tensor")
-        self._written[name] += size
+        self._count(name, planned.shard, size)
 
     def commit(self, *, show_progress: bool | None = None) -> str:
-        """Check completeness, hash the shards, write config and index, move into place.
+        """Check completeness, wait for the shards' digests, write config and index, move into place.
 
-        Hashing reads every shard once; ``show_progress`` is ``progress.Progress``'s ``show``
-        (None: a bar on a terminal, a plain line every few seconds elsewhere)."""
+        Each shard was handed to the background hasher when its last byte was written (``put``);
+        here the rest of the hashing is waited for. ``show_progress`` is ``progress.Progress``'s
+        ``show`` (None: a bar on a terminal, a plain line every few seconds elsewhere)."""
         incomplete = [n for n, count in self._written.items() if count != self._plan[n].spec.nbytes]
         if incomplete:
             raise ConversionError(f"{plural(len(incomplete), 'tensor')} not written completely (first: {incomplete[0]})")
@@ -329,10 +349,14 @@ class CheckpointWriter:
         self._close_files()
         paths = {shard: os.path.join(self.tmp, shard) for shard in self.shard_names}
         digests = None
-        if self.record_sha256:
+        if self._hasher is not None:
+            for shard, path in paths.items():  # complete by the check above: already handed over
+                if not self._hasher.submitted(shard):
+                    self._hasher.submit(shard, path)
             total = sum(os.path.getsize(path) for path in paths.values())
             with Progress(total, "sha256 shards", show=show_progress) as progress:
-                digests = hash_files(paths, workers=self.hash_workers, progress=progress.update)
+                hashed = self._hasher.results(progress.update)
+            digests = {shard: hashed[shard] for shard in self.shard_names}
         metadata = fmt.index_metadata(self.layout, self.profile, shard_sha256=digests, source=self.source,
                                       target=self.conversion_target)
         weight_map = {name: planned.shard for name, planned in self._plan.items()}
@@ -353,8 +377,13 @@ class CheckpointWriter:
         return self.out
 
     def abort(self) -> None:
+        self._stop_hashing()
         self._close_files()
         remove_work_dir(self.tmp, self.out)
+
+    def _stop_hashing(self) -> None:
+        if self._hasher is not None:
+            self._hasher.close()
 
     def _close_files(self) -> None:
         for fd in self._fds.values():

@@ -44,24 +44,26 @@ case ``--repeat`` times in a fresh process:
 with the load average before and after (the machine may be shared), and peak RSS of the main
 process and of the busiest worker process.
 
-With ``--baseline-dir DIR`` it measures instead each source kind (hf-bf16, hf-mxfp4,
-compressed-tensors) against an independent baseline: ``DIR/ref_convert.py``, a plain numpy
-converter written apart from this project from the format document, one thread, reading through
-memory maps, writing one safetensors file, no hashing, no fsync. It is not part of this
-repository: DIR is the shared ``bench/`` folder kept beside it (``../shared/bench`` from the
-repository's root); without it the script says so and stops. On ``--layers`` (default 2) layers of
+With ``--baseline`` it measures instead each source kind (hf-bf16, hf-mxfp4, compressed-tensors)
+against an independent baseline: by default ``scripts/numpy_convert.py``, a plain numpy converter
+written from the format document alone, one thread, reading through memory maps, writing one
+safetensors file, no hashing, no fsync (``--baseline SCRIPT`` names another converter with the
+same command line; ``--baseline-dir DIR`` is ``--baseline DIR/ref_convert.py``, the shared
+``bench/`` folder kept beside the repository, ``../shared/bench``). On ``--layers`` (default 2) layers of
 gpt-oss-120b shapes (H = I = 2880) with ``--experts`` experts (default 16), the baseline's output
 is first compared byte for byte with ours (every tensor it writes), then ``--repeat`` times
 (default 3), interleaved, each in a fresh process: our ``convert()`` with the shards hashed at
 commit (as always), the same without that hashing, the baseline, ``verify_conversion()``, and
-the encoding alone (layer 0 in memory, one thread) by each; it prints the medians in GB of FP8
+the encoding alone (layer 0 in memory, one thread) by each, and ours written to the work
+directory's disk beside ``dd conv=fsync`` of as many bytes; it prints the medians in GB of FP8
 per CPU-second (user + system from the OS, every thread and worker process of the call; the
-baseline's own ``cpu_s``), the ratios, every run's rate, and verify-conversion / convert in CPU
-and wall time.
+baseline's own ``cpu_s``), the ratios, our peak RSS, ours to disk against dd, every run's rate
+with the load average when it ran, and verify-conversion / convert in CPU and wall time.
 
     NXDI_SRC=/path/to/neuronx-distributed-inference python scripts/bench_convert.py [--layers 1 2]
     python scripts/bench_convert.py --layers 2 --workers 1 2 [--repeat 3]
-    python scripts/bench_convert.py --baseline-dir ../shared/bench [--layers 2] [--experts 16] [--repeat 3]
+    python scripts/bench_convert.py --baseline [--layers 2] [--experts 16] [--repeat 3]
+    python scripts/bench_convert.py --baseline-dir ../shared/bench
 """
 
 from __future__ import annotations
@@ -233,7 +235,9 @@ def make_sources(workdir: str, kind: str, layer_counts: list[int], vocab: int,
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS since it started (VmHWM: ``ru_maxrss`` would carry over the peak
+    of the process that forked it, here the one that generated the sources)."""
+    return _vm_hwm_mb()
 
 
 def _children_peak_rss_mb() -> float:
@@ -375,19 +379,19 @@ def child_baseline(src: str, rows_per_chunk: int) -> dict:
 BASELINE_KINDS = (SOURCE_BF16, SOURCE_MXFP4, SOURCE_COMPRESSED_TENSORS)
 BASELINE_EXPERTS = 16
 BASELINE_FILES = ("ref_convert.py", "ref_encode.py", "common.py")
+NUMPY_BASELINE = os.path.join(ROOT, "scripts", "numpy_convert.py")
 PROJECTIONS = ((fmt.GATE_UP, "gate_up"), (fmt.DOWN, "down"))
 
 
 def checked_baseline_dir(path: str) -> str:
-    """``--baseline-dir``: the folder holding the independent numpy converter, or a one-line exit saying how to get it."""
+    """``--baseline-dir``: the shared folder's converter script, or a one-line exit saying what is missing."""
     folder = os.path.abspath(path)
     absent = [name for name in BASELINE_FILES if not os.path.isfile(os.path.join(folder, name))]
     if absent:
-        raise SystemExit(f"--baseline-dir {path}: {', '.join(absent)} not there. The independent baseline (a plain "
-                         "numpy converter written apart from this project, byte-identical output) is not part of this "
-                         "repository: it is the shared bench/ folder kept beside it (../shared/bench from the "
-                         "repository's root); pass the path of that folder, or of a copy of it")
-    return folder
+        raise SystemExit(f"--baseline-dir {path}: {', '.join(absent)} not there: pass the shared bench/ folder kept "
+                         "beside the repository (../shared/bench), or use --baseline alone for the repository's own "
+                         "scripts/numpy_convert.py")
+    return os.path.join(folder, "ref_convert.py")
 
 
 def _own_cpu_seconds() -> float:
@@ -412,11 +416,16 @@ def _expert_arrays(kind: str, files: Any, layer: int, short: str, expert: int) -
 
 
 def _baseline_modules(baseline: str) -> Any:
-    """The baseline's ``ref_convert`` module (its ``ref_encode`` as ``.enc``), imported from its folder."""
-    sys.path.insert(0, baseline)
-    import ref_convert
+    """The baseline converter's module, imported from its script: ``.Source(src).array(name)`` and
+    ``.enc`` with the per-expert encoders (``mxfp4_expert``, ``bf16_expert``, ``ct_into``)."""
+    import importlib
+    import types
 
-    return ref_convert
+    sys.path.insert(0, os.path.dirname(baseline))
+    module = importlib.import_module(os.path.splitext(os.path.basename(baseline))[0])
+    if hasattr(module, "enc"):  # the shared bench/ converter
+        return module
+    return types.SimpleNamespace(Source=module.Safetensors, enc=module)
 
 
 def _expert_shapes(src: str) -> tuple[dict[str, tuple[int, int, int]], int]:
@@ -555,7 +564,7 @@ def _identical(ours: str, reference: str, dims: fmt.ModelDims) -> int:
 
 def _run_baseline(baseline: str, kind: str, src: str, target: str) -> dict[str, Any]:
     """One conversion by the baseline, in a fresh process; its JSON (cpu_s, wall_s, fp8_bytes, bytes)."""
-    done = subprocess.run([sys.executable, os.path.join(baseline, "ref_convert.py"), src, target, "--kind", kind],
+    done = subprocess.run([sys.executable, baseline, src, target, "--kind", kind],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"the baseline failed on {kind}:\n{done.stderr}")
@@ -563,7 +572,8 @@ def _run_baseline(baseline: str, kind: str, src: str, target: str) -> dict[str, 
     return {"seconds": result["wall_s"], "cpu_seconds": result["cpu_s"], "fp8_bytes": result["fp8_bytes"]}
 
 
-def bench_baseline(workdir: str, layers: int, vocab: int, experts: int, repeat: int, baseline: str) -> None:
+def bench_baseline(workdir: str, layers: int, vocab: int, experts: int, repeat: int, baseline: str,
+                   verify: bool = True) -> None:
     """Ours, with and without commit-time hashing, against the independent baseline, per source kind, in one run."""
     print(f"versus the independent baseline in {baseline}: {layers} layer(s) of gpt-oss-120b shapes (H = I = 2880) "
           f"with {experts} experts, {repeat} interleaved runs of each case, medians; {_load()}")
@@ -581,15 +591,20 @@ def bench_baseline(workdir: str, layers: int, vocab: int, experts: int, repeat: 
             src, out = sources[kind], os.path.join(workdir, f"out-{kind}")
             runs = rows.setdefault(kind, {})
             _warm(src)
-            runs.setdefault("ours", []).append(_run_child(["convert", src, out]))
+            shutil.rmtree(out, ignore_errors=True)  # removed outside the timing, as the baseline's file is
+            runs.setdefault("ours", []).append(_loaded(_run_child(["convert", src, out])))
+            written = sum(entry.stat().st_size for entry in os.scandir(out) if entry.is_file())
+            runs.setdefault("dd", []).append(_loaded({"seconds": _dd(workdir, written), "bytes": written}))
             _warm(src)
-            runs.setdefault("ours, no hashing", []).append(_run_child(["convert", src, out, "", "", "0"]))
+            shutil.rmtree(out, ignore_errors=True)
+            runs.setdefault("ours, no hashing", []).append(_loaded(_run_child(["convert", src, out, "", "", "0"])))
             _warm(src)
-            runs.setdefault("baseline", []).append(_run_baseline(baseline, kind, src, target))
+            runs.setdefault("baseline", []).append(_loaded(_run_baseline(baseline, kind, src, target)))
             os.remove(target)
-            _warm(src)
-            _warm(out)
-            runs.setdefault("verify", []).append(_run_child(["verify", src, out]))
+            if verify:
+                _warm(src)
+                _warm(out)
+                runs.setdefault("verify", []).append(_run_child(["verify", src, out]))
             runs.setdefault("encode ours", []).append(_run_child(["encode", kind, src, "ours", baseline]))
             runs.setdefault("encode baseline", []).append(_run_child(["encode", kind, src, "baseline", baseline]))
     print("\nGB of FP8 per CPU-second (user + system of every thread and worker process, from the OS: other jobs' "
@@ -598,25 +613,42 @@ def bench_baseline(workdir: str, layers: int, vocab: int, experts: int, repeat: 
           "= ref_convert.py (read through memory maps, encode, write one file; one thread; no hashing, no fsync); "
           "encode only = layer 0's experts in memory, one thread")
     print(f"{'source':<22} | {'ours':>6} {'no hash':>7} {'base':>6} | {'ratio':>6} {'no hash':>7} | "
-          f"{'encode':>6} {'base':>6} {'ratio':>6} | {'verify/convert CPU':>18} {'wall':>6} | CPU s ours / no hash / base")
+          f"{'encode':>6} {'base':>6} {'ratio':>6} | {'verify/convert CPU':>18} {'wall':>6} | {'peak RSS':>8} | "
+          f"{'vs dd':>5} | CPU s ours / no hash / base")
     for kind, runs in rows.items():
         ours, unhashed, base = _rate(runs["ours"]), _rate(runs["ours, no hashing"]), _rate(runs["baseline"])
         enc, enc_base = _rate(runs["encode ours"]), _rate(runs["encode baseline"])
-        verify_cpu = _median(runs["verify"], "call_cpu_seconds") / _median(runs["ours"], "call_cpu_seconds")
-        verify_wall = _median(runs["verify"], "seconds") / _median(runs["ours"], "seconds")
+        verify_cpu = verify_wall = float("nan")
+        if "verify" in runs:
+            verify_cpu = _median(runs["verify"], "call_cpu_seconds") / _median(runs["ours"], "call_cpu_seconds")
+            verify_wall = _median(runs["verify"], "seconds") / _median(runs["ours"], "seconds")
         cpu = " / ".join(f"{_median(runs[case], 'call_cpu_seconds' if case != 'baseline' else 'cpu_seconds'):.2f}"
                          for case in ("ours", "ours, no hashing", "baseline"))
+        to_disk = _median(runs["dd"], "seconds") / _median(runs["ours"], "seconds")
         print(f"{kind:<22} | {ours:>6.3f} {unhashed:>7.3f} {base:>6.3f} | {ours / base:>5.2f}x {unhashed / base:>6.2f}x | "
-              f"{enc:>6.3f} {enc_base:>6.3f} {enc / enc_base:>5.2f}x | {verify_cpu:>17.2f}x {verify_wall:>5.2f}x | {cpu}")
-    print("runs (GB/s per CPU-second, in order):")
+              f"{enc:>6.3f} {enc_base:>6.3f} {enc / enc_base:>5.2f}x | {verify_cpu:>17.2f}x {verify_wall:>5.2f}x | "
+              f"{_median(runs['ours'], 'peak_rss_mb'):>6.0f}MB | {to_disk:>4.2f}x | {cpu}")
+    print("vs dd: dd conv=fsync's wall time for as many bytes as ours wrote, in the same directory, over our "
+          "convert()'s (read, encode, write, fsync, hash, rename): ours to disk as a fraction of dd's rate")
+    print("runs (GB/s per CPU-second, in order; [1-minute load average after each run]; dd: wall seconds):")
     for kind, runs in rows.items():
         for case, measured in runs.items():
             if case == "verify":
                 continue
-            rates = ", ".join(f"{run['fp8_bytes'] / run.get('call_cpu_seconds', run['cpu_seconds']) / 1e9:.3f}"
-                              for run in measured)
+            if case == "dd":
+                rates = ", ".join(f"{run['seconds']:.2f} s [{run['load']:.1f}]" for run in measured)
+                rates += " (ours: " + ", ".join(f"{run['seconds']:.2f} s" for run in runs["ours"]) + ")"
+            else:
+                rates = ", ".join(f"{run['fp8_bytes'] / run.get('call_cpu_seconds', run['cpu_seconds']) / 1e9:.3f}"
+                                  + (f" [{run['load']:.1f}]" if "load" in run else "") for run in measured)
             print(f"  {kind:<22} {case:<18} {rates}")
     print(_load())
+
+
+def _loaded(run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` with the 1-minute load average just after it (the machine may be shared)."""
+    run["load"] = os.getloadavg()[0]
+    return run
 
 
 def _machine_busy_seconds() -> float:
@@ -749,14 +781,17 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", metavar="N",
                         help="measure convert(workers=N) and verify-conversion for each N instead (see above)")
     parser.add_argument("--repeat", type=int, help="runs of each --workers case (default 1; the best is shown) or "
-                                                   "--baseline-dir case (default 3; the median is shown)")
+                                                   "--baseline case (default 3; the median is shown)")
     parser.add_argument("--tmpfs", default="/dev/shm", help="where the cpu-bound outputs go (default /dev/shm)")
+    parser.add_argument("--baseline", nargs="?", const=NUMPY_BASELINE, metavar="SCRIPT",
+                        help="measure instead each source kind against an independent converter (default "
+                             "scripts/numpy_convert.py; see above)")
     parser.add_argument("--baseline-dir", metavar="DIR",
-                        help="measure instead each source kind against the independent numpy converter in DIR "
-                             "(ref_convert.py; the shared bench/ folder beside the repository, e.g. ../shared/bench; "
-                             "see above)")
+                        help="--baseline DIR/ref_convert.py: the shared bench/ folder beside the repository, e.g. "
+                             "../shared/bench")
     parser.add_argument("--experts", type=int, default=BASELINE_EXPERTS,
-                        help=f"experts per layer with --baseline-dir (default {BASELINE_EXPERTS}: per-expert work is the measure)")
+                        help=f"experts per layer with --baseline (default {BASELINE_EXPERTS}: per-expert work is the measure)")
+    parser.add_argument("--no-verify", action="store_true", help="with --baseline: leave out verify-conversion")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -767,7 +802,7 @@ def main() -> int:
         print(json.dumps(children[kind]()))
         return 0
 
-    baseline = checked_baseline_dir(args.baseline_dir) if args.baseline_dir else None
+    baseline = checked_baseline_dir(args.baseline_dir) if args.baseline_dir else args.baseline
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-convert-")
     os.makedirs(workdir, exist_ok=True)
     counts = sorted(set(args.layers))
@@ -775,7 +810,8 @@ def main() -> int:
           f"gpt-oss-120b layer shapes, vocab shrunk to {args.vocab}; work dir {workdir}")
     try:
         if baseline:
-            bench_baseline(workdir, max(counts), args.vocab, args.experts, args.repeat or 3, baseline)
+            bench_baseline(workdir, max(counts), args.vocab, args.experts, args.repeat or 3, baseline,
+                           verify=not args.no_verify)
             return 0
         if args.workers:
             source = make_sources(workdir, SOURCE_MXFP4, [max(counts)], args.vocab)[max(counts)]

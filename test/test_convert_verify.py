@@ -13,7 +13,7 @@ import torch
 from nxdi_gptoss_fp8 import convert as conversion
 from nxdi_gptoss_fp8 import format as fmt
 from nxdi_gptoss_fp8.cli import main
-from nxdi_gptoss_fp8.convert import mxfp4, output
+from nxdi_gptoss_fp8.convert import kernels, layout, mxfp4, output
 from nxdi_gptoss_fp8.convert.kinds import hf_mxfp4
 from nxdi_gptoss_fp8.convert.verify import verify_conversion
 from nxdi_gptoss_fp8.convert.verify_values import nonzero
@@ -74,11 +74,22 @@ def _break(monkeypatch: pytest.MonkeyPatch, corruption: str) -> None:
         def swapped_chunks(values: torch.Tensor, padded: int, fill: float) -> torch.Tensor:
             return real_chunks(values.reshape(*values.shape[:-1], -1, 2).flip(-1).reshape(values.shape), padded, fill)
 
+        monkeypatch.setattr(kernels, "AVAILABLE", False)  # the torch path's layout helpers
         monkeypatch.setattr(hf_mxfp4, "place_gate_up", _swapped_gate_up)
-        monkeypatch.setattr(hf_mxfp4, "chunk_interleaved", swapped_chunks)
+        monkeypatch.setattr(layout, "chunk_interleaved", swapped_chunks)
         monkeypatch.setattr(output, "chunk_interleaved", swapped_chunks)
     elif corruption == "missing_transpose":
+        monkeypatch.setattr(kernels, "AVAILABLE", False)
         monkeypatch.setattr(hf_mxfp4, "place_down", _untransposed_down)
+    elif corruption == "compiled_gate_up_halves_swapped":
+        if not kernels.AVAILABLE:
+            pytest.skip("the compiled encoders are not built here")
+        real_destinations = kernels.gate_up_destinations
+
+        def swapped(rows: int, padded_half: int, first: int = 0) -> torch.Tensor:
+            return (real_destinations(rows, padded_half, first) + padded_half) % (2 * padded_half)
+
+        monkeypatch.setattr(kernels, "gate_up_destinations", swapped)
     elif corruption == "nibble_order_swapped":
         monkeypatch.setattr(mxfp4, "_BYTE_TABLE", mxfp4.build_byte_table(low_nibble_first=False))
     elif corruption == "exponent_bias_off_by_one":
@@ -89,7 +100,7 @@ def _break(monkeypatch: pytest.MonkeyPatch, corruption: str) -> None:
 
 
 @pytest.mark.parametrize("corruption", ["gate_up_order_swapped", "missing_transpose", "nibble_order_swapped",
-                                        "exponent_bias_off_by_one"])
+                                        "exponent_bias_off_by_one", "compiled_gate_up_halves_swapped"])
 def test_known_silent_corruptions_are_caught(sources: dict[str, Path], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch, corruption: str) -> None:
     with monkeypatch.context() as patch:

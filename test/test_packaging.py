@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -31,7 +32,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for part in SOURCE_PARTS:
         source = ROOT / part
         if source.is_dir():
-            shutil.copytree(source, tree / part, ignore=shutil.ignore_patterns("__pycache__", "format.md")
+            shutil.copytree(source, tree / part, ignore=shutil.ignore_patterns("__pycache__", "format.md", "*.so")
                             if part == "nxdi_gptoss_fp8" else None)
         elif source.exists():
             shutil.copy(source, tree / part)
@@ -45,6 +46,30 @@ def wheel(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
                    check=True, capture_output=True, timeout=300)
     (built,) = out.glob("*.whl")
     return built
+
+
+def test_the_wheel_holds_the_compiled_encoders_where_a_compiler_works(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert any(name.startswith("nxdi_gptoss_fp8/convert/_kernels.") and name.endswith(".so") for name in names)
+
+
+def test_a_wheel_builds_without_a_compiler_and_converts_on_torch(tree: Path, tmp_path: Path) -> None:
+    """``CC=false``: the optional extension fails, the wheel is built all the same, without it,
+    and the package it installs says the converter runs its torch path."""
+    own = shutil.copytree(tree, tmp_path / "tree", ignore=shutil.ignore_patterns("build", "*.so", "*.egg-info"))
+    env = {**os.environ, "CC": "false"}
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(own), "-w",
+                    str(tmp_path / "wheel")], check=True, capture_output=True, timeout=300, env=env)
+    (built,) = (tmp_path / "wheel").glob("*.whl")
+    with zipfile.ZipFile(built) as archive:
+        assert not [name for name in archive.namelist() if "_kernels" in name]
+        archive.extractall(tmp_path / "site")
+    code = "from nxdi_gptoss_fp8.convert import kernels; print(kernels.AVAILABLE)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert done.stdout.strip() == "False"
 
 
 def test_the_sdist_ships_every_docs_page(tree: Path, tmp_path: Path) -> None:

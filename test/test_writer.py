@@ -217,3 +217,45 @@ def test_output_directory_follows_the_umask(tmp_path: Path) -> None:
     finally:
         os.umask(previous)
     assert os.stat(out).st_mode & 0o777 == 0o750
+
+
+def test_each_shard_is_hashed_once_complete_and_its_digest_recorded(tmp_path: Path) -> None:
+    import hashlib
+    import json
+
+    from nxdi_gptoss_fp8 import writer as writer_module
+
+    layout = fmt.Layout.unpadded(TINY_DIMS)
+    submitted: list[str] = []
+    real = writer_module.BackgroundHasher
+
+    class Watching(real):  # type: ignore[misc, valid-type]
+        def submit(self, name: str, path: str) -> None:
+            submitted.append(name)
+            super().submit(name, path)
+
+    out = tmp_path / "out"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(writer_module, "BackgroundHasher", Watching)
+        with CheckpointWriter(out, layout, "custom", fmt.hf_config(TINY_DIMS), max_shard_size=20_000) as writer:
+            _write_all(writer)
+            assert sorted(submitted) == sorted(writer.shard_names)  # all handed over before commit
+            writer.commit(show_progress=False)
+    assert len(submitted) == len(writer.shard_names) > 1
+    digests = json.loads((out / fmt.INDEX_FILE).read_text())["metadata"]["shard_sha256"]
+    assert list(digests) == writer.shard_names
+    assert digests == {shard: hashlib.sha256((out / shard).read_bytes()).hexdigest() for shard in writer.shard_names}
+
+
+@pytest.mark.parametrize("window", [4096, 65536, 1 << 24])
+def test_mapped_hashing_equals_hashlib_over_any_window(tmp_path: Path, window: int) -> None:
+    import hashlib
+
+    from nxdi_gptoss_fp8.safeio.hashing import sha256_mapped
+
+    for size in (0, 1, 4095, 4096, 100_003):
+        path = tmp_path / f"f{size}"
+        path.write_bytes(os.urandom(size))
+        seen: list[int] = []
+        assert sha256_mapped(str(path), window=window, progress=seen.append) == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert sum(seen) == size

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TILE", "chunk_halves", "chunk_interleaved", "crop_to", "interleave_chunked", "pad_to", "place_down", "place_gate_up"]
+__all__ = ["TILE", "chunk_halves", "chunk_interleaved", "crop_to", "interleave_chunked", "pad_to", "place_down", "place_gate_up",
+           "scale_row"]
 
 TILE = 64
 
@@ -45,6 +46,15 @@ def pad_to(values: torch.Tensor, shape: tuple[int, ...], fill: float = 0.0) -> t
     out = torch.full(shape, fill, dtype=values.dtype)
     out[tuple(slice(0, n) for n in values.shape)] = values
     return out
+
+
+def scale_row(scales: torch.Tensor, gate_up: bool, padded_i: int, width: int) -> torch.Tensor:
+    """One expert's channel scales [out] in the output's order and width: gate_up's (interleaved)
+    chunked into ``[gate | pad | up | pad]`` of ``padded_i`` each, down's padded to ``width``;
+    padding scales 1.0 (a scale must be a normal float)."""
+    if gate_up:
+        return chunk_interleaved(scales, padded_i, 1.0)
+    return pad_to(scales, (width,), 1.0)
 
 
 def crop_to(values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:

@@ -24,10 +24,30 @@ from ..format import FP8_MAX
 from .fp8 import FP8_DTYPE
 
 __all__ = [
-    "BLOCK_SIZE", "EXACT_OFFSET_MAX", "EXACT_OFFSET_MIN", "FP4_VALUES", "MAX_SCALE_BYTE",
-    "MAX_SCALE_EXPONENT", "MIN_SCALE_EXPONENT", "OFFSET_MAX", "OFFSET_MIN", "SCALE_BIAS", "TOP_EXPONENT",
-    "Exactness", "ExpertEncoder", "block_offsets", "build_byte_table", "channel_exponents", "decode", "encode",
-    "exactness", "offset_table", "scale_values",
+    "BLOCK_SIZE",
+    "EXACT_OFFSET_MAX",
+    "EXACT_OFFSET_MIN",
+    "FP4_VALUES",
+    "MAX_SCALE_BYTE",
+    "MAX_SCALE_EXPONENT",
+    "MIN_SCALE_EXPONENT",
+    "OFFSET_MAX",
+    "OFFSET_MIN",
+    "SCALE_BIAS",
+    "STAT_OFFSET_MAX",
+    "STAT_OFFSET_MIN",
+    "TOP_EXPONENT",
+    "Exactness",
+    "ExpertEncoder",
+    "block_offsets",
+    "build_byte_table",
+    "channel_exponents",
+    "decode",
+    "encode",
+    "exactness",
+    "exactness_table",
+    "offset_table",
+    "scale_values",
 ]
 
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -227,12 +247,8 @@ def exactness(blocks: torch.Tensor, scales: torch.Tensor, t: torch.Tensor) -> Ex
     if not bool(suspect.any()):
         return result
     chosen, offsets = blocks[suspect], d[suspect]  # [n, 16], [n]
-    table = torch.tensor(FP4_VALUES, dtype=torch.float64)
     codes = torch.stack((chosen & 0x0F, chosen >> 4), dim=-1).reshape(len(chosen), BLOCK_SIZE).long()
-    wanted = torch.ldexp(table[codes], offsets.double().unsqueeze(-1))
-    got = _fp8_bytes(wanted.clamp(-2 * FP8_MAX, 2 * FP8_MAX).float()).view(FP8_DTYPE).double()
-    # float32 may round ``wanted`` before the E4M3 rounding: only exact float32 inputs are safe
-    got = torch.where(wanted.float().double() == wanted, got, _fp8_round_exact(wanted))
+    wanted, got = _judged(codes, offsets.double().unsqueeze(-1))
     wrong = got != wanted
     result.inexact = int(wrong.sum())
     if result.inexact:
@@ -241,6 +257,36 @@ def exactness(blocks: torch.Tensor, scales: torch.Tensor, t: torch.Tensor) -> Ex
         if bool(rounded.any()):
             result.max_rel_error = float(((got - wanted).abs()[rounded] / wanted.abs()[rounded]).max())
     return result
+
+
+def _judged(codes: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (wanted, got): the values of FP4 ``codes`` (long) times 2^``offsets`` (float64,
+    broadcast), and what E4M3 makes of them (nearest even, saturated at ±FP8_MAX)."""
+    table = torch.tensor(FP4_VALUES, dtype=torch.float64)
+    wanted = torch.ldexp(table[codes], offsets)
+    got = _fp8_bytes(wanted.clamp(-2 * FP8_MAX, 2 * FP8_MAX).float()).view(FP8_DTYPE).double()
+    # float32 may round ``wanted`` before the E4M3 rounding: only exact float32 inputs are safe
+    return wanted, torch.where(wanted.float().double() == wanted, got, _fp8_round_exact(wanted))
+
+
+# every offset d = scale − 127 − t can take (scale bytes 0…252, t within float32's normal range)
+STAT_OFFSET_MIN, STAT_OFFSET_MAX = -MAX_SCALE_EXPONENT - SCALE_BIAS, MAX_SCALE_BYTE - SCALE_BIAS - MIN_SCALE_EXPONENT
+
+
+def exactness_table() -> tuple[torch.Tensor, torch.Tensor]:
+    """What ``exactness`` says of each packed byte at each block offset d (``STAT_OFFSET_MIN`` …
+    ``STAT_OFFSET_MAX``), judged the same way, element by element: (uint8 [offsets, 256]: values
+    not exact | flushed to zero << 2, float64 [offsets, 256]: the worst relative error of its
+    values rounded to non-zero, 0 when none). For compiled encoders (``kernels``)."""
+    offsets = torch.arange(STAT_OFFSET_MIN, STAT_OFFSET_MAX + 1, dtype=torch.float64).reshape(-1, 1, 1)
+    packed = torch.arange(256)
+    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).unsqueeze(0)  # [1, 256, 2]
+    wanted, got = _judged(codes, offsets)
+    wrong = got != wanted
+    flushed = wrong & (got == 0)
+    rounded = wrong & (got != 0)
+    rel = torch.where(rounded, (got - wanted).abs() / wanted.abs(), torch.zeros_like(wanted)).amax(dim=-1)
+    return (wrong.sum(dim=-1) | (flushed.sum(dim=-1) << 2)).to(torch.uint8), rel.contiguous()
 
 
 def _fp8_round_exact(values: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,15 @@
 """The output side shared by every source kind: the background writer, compute lanes, the
 non-expert copy, HF-style biases, and the conversion report.
 
-Tensors are written at their final offsets through ``CheckpointWriter`` by one background
-thread, so disk writes overlap the encoding; experts are encoded ``Workspace.LANES`` at a time
-in plain threads, each into a reused buffer, so memory does not grow with the model.
+Tensors are written at their final offsets through ``CheckpointWriter``; experts are encoded
+``Workspace.LANES`` at a time in plain threads, each into a reused buffer (so memory does not
+grow with the model), which that thread then writes while it is still in its cache.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -30,11 +29,10 @@ from .source import SourceReader, expert_source_name
 __all__ = [
     "CHUNK_BYTES", "DROPPED_CONFIG_KEYS", "ConversionReport", "EncodeResult", "ExpertStats", "Lane", "Output", "Workspace",
     "copy_padded", "hf_biases", "output_config", "put_biases", "require_finite", "require_normal_scales", "single_threaded_torch",
-    "start_writeback", "stream_experts",
+    "stream_experts",
 ]
 
 CHUNK_BYTES = 32 << 20
-_WRITEBACK_BYTES = 64 << 20
 
 
 # --------------------------------------------------------------------------- report
@@ -202,64 +200,33 @@ def require_normal_scales(scales: torch.Tensor, name: str) -> None:
 # --------------------------------------------------------------------------- writing
 
 
-def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    try:
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    return function  # type: ignore[no-any-return]
-
-
-_SYNC_FILE_RANGE = _sync_file_range()
-_SYNC_FILE_RANGE_WRITE = 2
-
-
-def start_writeback(path: str) -> None:
-    """Ask the kernel to start writing ``path``'s dirty pages to disk now, without waiting.
-
-    The writer fsyncs every shard before it commits; starting the disk writes while the
-    conversion is still encoding overlaps the two instead of leaving it all to that fsync.
-    A no-op where ``sync_file_range`` does not exist (it only changes timing, never content).
-    """
-    if _SYNC_FILE_RANGE is None:
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        _SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
-    finally:
-        os.close(fd)
-
-
 class Output:
-    """The writer, fed by one background thread so disk writes overlap the encoding, plus the
-    progress bar. Every byte goes through ``put`` (waits) or ``put_async`` (returns a future)."""
+    """The writer and the progress bar. Every byte goes through ``write`` (from the calling
+    thread: a compute lane writes the buffer it has just filled, while it is still in its
+    core's cache) or ``put_async`` (queued on the background writing thread)."""
 
     def __init__(self, writer: CheckpointWriter, bar: Any, pool: ThreadPoolExecutor) -> None:
         self.writer, self.bar, self.pool = writer, bar, pool
         self.bytes = self.fp8_bytes = 0
-        self._unflushed: dict[str, int] = {}
+        self._lock = threading.Lock()  # one write at a time: the writers' counts are plain dicts
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The planned (padded) shape of output tensor ``name``."""
         return self.writer.planned[name].spec.shape
 
-    def _write(self, name: str, data: torch.Tensor, offset: int) -> None:
-        self.writer.put(name, data, offset=offset)
+    def write(self, name: str, data: torch.Tensor, offset: int = 0) -> None:
+        """Write ``data`` as bytes ``[offset, …)`` of tensor ``name`` now, from this thread."""
         size = data.numel() * data.element_size()
-        self.bytes += size
-        if data.dtype in (FP8_DTYPE, torch.uint8):
-            self.fp8_bytes += size
+        with self._lock:
+            self.writer.put(name, data, offset=offset)
+            self.bytes += size
+            if data.dtype in (FP8_DTYPE, torch.uint8):
+                self.fp8_bytes += size
         self.bar.update(size)
-        shard = self.writer.planned[name].shard
-        self._unflushed[shard] = self._unflushed.get(shard, 0) + size
-        if self._unflushed[shard] >= _WRITEBACK_BYTES and self.writer.tmp is not None:
-            self._unflushed[shard] = 0
-            start_writeback(os.path.join(self.writer.tmp, shard))
 
     def put_async(self, name: str, data: torch.Tensor, *, offset: int = 0) -> Future[None]:
         """Queue a write; ``data`` must not change until the future is done."""
-        return self.pool.submit(self._write, name, data, offset)
+        return self.pool.submit(self.write, name, data, offset)
 
     def put(self, name: str, data: torch.Tensor, *, offset: int = 0) -> None:
         self.put_async(name, data, offset=offset).result()
@@ -271,16 +238,10 @@ class Output:
 @dataclass
 class Lane:
     """One expert in flight: an output buffer (and a kind's own reusable tools), reused for
-    every expert it takes."""
+    every expert it takes; the thread that fills it writes it."""
 
     buffer: torch.Tensor
     tools: Any = None
-    write: Future[None] | None = None
-
-    def wait_written(self) -> None:
-        if self.write is not None:
-            write, self.write = self.write, None
-            write.result()
 
 
 class Workspace:
@@ -311,11 +272,6 @@ class Workspace:
             self._lanes[key] = [Lane(torch.zeros(out_shape, dtype=torch.uint8), tool) for tool in tools]
         return self._lanes[key]
 
-    def wait(self) -> None:
-        for lanes in self._lanes.values():
-            for lane in lanes:
-                lane.wait_written()
-
 
 @contextlib.contextmanager
 def single_threaded_torch() -> Iterator[None]:
@@ -338,35 +294,45 @@ def stream_experts(reader: SourceReader, out: Output, workspace: Workspace, name
 
     ``load(expert)`` runs here and reads the expert's source tensors; ``encode(lane, *loaded)``
     runs on a compute thread, fills ``lane.buffer`` and returns (exactness, float32 scale row
-    [out']); each buffer is written in the background as soon as it is full. The source files
-    are released every ``release_every`` experts (in-flight tensors keep their own pages).
-    The experts' exactness is added, in expert order, to ``total`` (a fresh ``Exactness`` when
-    None: a kind with more statistics passes its own subclass) and returned.
+    [out']); that thread then writes the buffer itself (handing it to another thread would
+    move every byte to another core's cache first). The source files are released every
+    ``release_every`` experts (in-flight tensors keep their own pages). The experts' exactness
+    is added, in expert order, to ``total`` (a fresh ``Exactness`` when None: a kind with more
+    statistics passes its own subclass) and returned.
     """
     experts = out.shape(f"{name}.weight")[0]
     scales_out = torch.empty((experts, 1, out.shape(f"{name}.scale")[2]), dtype=torch.float32)
     exactness = Exactness() if total is None else total
-    in_flight: list[tuple[int, Lane, Future[EncodeResult]]] = []
+    in_flight: list[tuple[int, Future[EncodeResult]]] = []
+
+    def encode_and_write(lane: Lane, expert: int, *loaded: Any) -> EncodeResult:
+        result = encode(lane, *loaded)
+        out.write(f"{name}.weight", lane.buffer, expert * lane.buffer.numel())
+        return result
 
     def finish_oldest() -> None:
-        expert, lane, future = in_flight.pop(0)
+        expert, future = in_flight.pop(0)
         result, scale_row = future.result()
         exactness.add(result)
         scales_out[expert, 0] = scale_row
-        lane.write = out.put_async(f"{name}.weight", lane.buffer, offset=expert * lane.buffer.numel())
 
-    for expert in range(experts):
-        if expert % release_every == 0:
-            reader.release()
-        if len(in_flight) == len(lanes):
+    try:
+        for expert in range(experts):
+            if expert % release_every == 0:
+                reader.release()
+            if len(in_flight) == len(lanes):
+                finish_oldest()  # the oldest expert's lane: the one this expert takes
+            lane = lanes[expert % len(lanes)]
+            in_flight.append((expert, workspace.pool.submit(encode_and_write, lane, expert, *load(expert))))
+        while in_flight:
             finish_oldest()
-        lane = lanes[expert % len(lanes)]
-        lane.wait_written()
-        in_flight.append((expert, lane, workspace.pool.submit(encode, lane, *load(expert))))
-    while in_flight:
-        finish_oldest()
+    finally:
+        for _, future in in_flight:  # an error: no lane may still write once the caller unwinds
+            future.cancel()
+        for _, future in in_flight:
+            with contextlib.suppress(BaseException):
+                future.result()
     reader.release()
-    workspace.wait()
     require_normal_scales(scales_out, f"{name}.scale")
     out.put(f"{name}.scale", scales_out)
     return exactness

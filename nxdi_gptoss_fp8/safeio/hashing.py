@@ -9,6 +9,8 @@ re-raises the ``KeyboardInterrupt`` — no shard is hashed to its end first.
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -17,12 +19,14 @@ from typing import Any
 from .files import open_regular
 
 __all__ = [
-    "CHUNK", "WAIT_STEP_S", "Cancelled", "ProgressCallback", "gather", "hash_buffers", "hash_files",
-    "sha256_buffer", "sha256_file",
+    "CHUNK", "WAIT_STEP_S", "WINDOW", "BackgroundHasher", "Cancelled", "ProgressCallback", "gather", "hash_buffers",
+    "hash_files", "sha256_buffer", "sha256_file", "sha256_mapped",
 ]
 
 CHUNK = 1 << 24  # bytes per update: memory stays at one chunk, progress moves in steps this size
+WINDOW = 1 << 24  # bytes of a file mapped at once by ``sha256_mapped``: its share of RSS stays at this
 WAIT_STEP_S = 0.1  # how often the thread waiting for workers wakes (how soon it sees Ctrl-C)
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: a window's pages mapped in one call, not one fault each
 
 
 ProgressCallback = Callable[[int], None]  # called with the bytes just hashed, chunk by chunk
@@ -49,6 +53,71 @@ def sha256_file(path: str, *, chunk: int = CHUNK, progress: ProgressCallback | N
             if progress:
                 progress(count)
     return digest.hexdigest()
+
+
+def sha256_mapped(path: str, *, window: int = WINDOW, progress: ProgressCallback | None = None,
+                  cancel: threading.Event | None = None) -> str:
+    """Hex SHA-256 of a regular file read through memory maps of ``window`` bytes at a time:
+    no copy into a buffer (the pages come straight from the page cache), and memory bounded by
+    one window. ``cancel`` as for ``sha256_file``."""
+    window = max(mmap.ALLOCATIONGRANULARITY, window - window % mmap.ALLOCATIONGRANULARITY)
+    digest = hashlib.sha256()
+    with open_regular(path, buffering=0) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        for start in range(0, size, window):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(path)
+            length = min(window, size - start)
+            with mmap.mmap(handle.fileno(), length, offset=start, prot=mmap.PROT_READ,
+                           flags=mmap.MAP_SHARED | _POPULATE) as mapped:
+                digest.update(mapped)
+            if progress:
+                progress(length)
+    return digest.hexdigest()
+
+
+class BackgroundHasher:
+    """SHA-256 of files handed over one by one (``submit``, e.g. each shard as soon as its last
+    byte is written), hashed by ``workers`` background threads through bounded memory maps
+    while the caller goes on; ``results`` waits for them all (Ctrl-C-prompt, like ``gather``)."""
+
+    def __init__(self, workers: int = 1, *, window: int = WINDOW) -> None:
+        self.window = window
+        self.cancel = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="sha256")
+        self._futures: dict[str, Future[str]] = {}
+        self._lock = threading.Lock()
+        self._hashed = 0
+        self._progress: ProgressCallback | None = None
+
+    def _count(self, size: int) -> None:
+        with self._lock:
+            self._hashed += size
+            progress = self._progress
+        if progress:
+            progress(size)
+
+    def submit(self, name: str, path: str) -> None:
+        """Start hashing ``path`` (complete, no longer written) under ``name``."""
+        self._futures[name] = self._pool.submit(sha256_mapped, path, window=self.window, progress=self._count,
+                                                cancel=self.cancel)
+
+    def submitted(self, name: str) -> bool:
+        return name in self._futures
+
+    def results(self, progress: ProgressCallback | None = None) -> dict[str, str]:
+        """Every submitted file's digest (name → hex), in submission order, once all are done;
+        ``progress`` first gets the bytes already hashed, then each window as it is hashed."""
+        with self._lock:
+            self._progress, done = progress, self._hashed
+        if progress and done:
+            progress(done)
+        return gather(self._futures, self.cancel)
+
+    def close(self) -> None:
+        """Stop: queued files are dropped, running ones stop at their next window."""
+        self.cancel.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def sha256_buffer(buffer: object, *, chunk: int = CHUNK, progress: ProgressCallback | None = None,

@@ -7,14 +7,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ... import format as fmt
+from ...errors import ConversionError
 from ...safeio.safetensors_header import TensorInfo
-from ..output import ExpertStats, Output, Workspace
-from ..source import SourceReader, SourceSpec
+from ..output import ExpertStats, Output, Workspace, hf_biases, put_biases
+from ..source import SourceReader, SourceSpec, expert_source_name, non_expert_specs
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ExpertRows", "SourceKind"]
+__all__ = ["ExpertRows", "FusedHfKind", "SourceKind"]
 
 
 class SourceKind(Protocol):
@@ -73,3 +74,54 @@ class ExpertRows:
         if subset is not None:
             index = subset * step + start
         return self.decode(self.raw[index], index)
+
+
+class FusedHfKind:
+    """What the HF kinds whose experts are fused per layer (``hf_mxfp4``, ``hf_bf16``) share:
+    recognized by one fused tensor, their ``quant_method`` checked against the config, the fused
+    HF biases. A subclass names ``marker``, ``quant_method`` (None: none allowed) and
+    ``tensors_are`` (the refusal's words), and gives ``projection``."""
+
+    name: str
+    description: str
+    marker: str
+    quant_method: str | None = None
+    tensors_are: str
+
+    def recognizes(self, names: set[str]) -> bool:
+        return expert_source_name(0, self.marker) in names
+
+    def check_quant_method(self, config: dict[str, Any], config_path: str) -> None:
+        """Refuse a config whose ``quantization_config.quant_method`` is not this kind's."""
+        quant = config.get("quantization_config")
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        if method != self.quant_method:
+            expected = f", not {self.quant_method!r}" if self.quant_method else ""
+            raise ConversionError(
+                f"{config_path}: tensors are {self.tensors_are} but quantization_config.quant_method is {method!r}"
+                f"{expected}: config and weights come from different sets")
+
+    def projection(self, reader: SourceReader, layer: int, proj: str, out: Output, layout: fmt.Layout,
+                   workspace: Workspace) -> ExpertStats:
+        """All experts of one projection of ``layer`` written; their exactness."""
+        raise NotImplementedError
+
+    @staticmethod
+    def fused_specs(dims: fmt.ModelDims, experts: dict[str, tuple[tuple[int, ...], tuple[str, ...]]]
+                    ) -> dict[str, SourceSpec]:
+        """Every tensor of a source: the non-expert ones and, in each layer, the fused expert
+        tensors ``experts`` (short name → shape, dtypes)."""
+        specs = non_expert_specs(dims)
+        for layer in range(dims.num_hidden_layers):
+            for short, (shape, dtypes) in experts.items():
+                name = expert_source_name(layer, short)
+                specs[name] = SourceSpec(name, shape, dtypes)
+        return specs
+
+    def convert_experts(self, reader: SourceReader, layer: int, out: Output, layout: fmt.Layout,
+                        workspace: Workspace) -> list[ExpertStats]:
+        put_biases(out, layer, *hf_biases(reader, layer), layout)
+        return [self.projection(reader, layer, proj, out, layout, workspace) for proj in (fmt.GATE_UP, fmt.DOWN)]
+
+    def reference_biases(self, reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return hf_biases(reader, layer)

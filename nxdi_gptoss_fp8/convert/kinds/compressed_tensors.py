@@ -30,6 +30,7 @@ from ... import format as fmt
 from ... import other_formats
 from ...errors import ConversionError
 from ...safeio.safetensors_header import TensorInfo
+from .. import kernels
 from ..fp8 import FP8_DTYPE, MIN_NORMAL_SCALE, fp8_values
 from ..layout import TILE as _TILE_ROWS
 from ..layout import chunk_halves, chunk_interleaved, pad_to, place_down, place_gate_up
@@ -326,7 +327,8 @@ def _check_rows(row_max: torch.Tensor, scale: torch.Tensor, where: str) -> tuple
 
 
 def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str,
-                  place: Callable[[torch.Tensor, int], None] | None = None
+                  place: Callable[[torch.Tensor, int], None] | None = None,
+                  out: torch.Tensor | None = None, dest: torch.Tensor | None = None,
                   ) -> tuple[torch.Tensor | None, torch.Tensor, Exactness]:
     """uint8 [rows, K] OCP E4M3 and its scale [rows, 1] → (E4M3 bytes within ±240, float32 scale
     [rows], exactness): rows beyond ±240 halved, their scales doubled.
@@ -334,7 +336,8 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str,
     One pass over cache-sized row blocks: rows beyond ±240 are halved with a few integer ops;
     the rows are checked once all are seen (a corrupt source raises before anything is written). With ``place``, each finished block goes to
     ``place(block, first_row)`` while it is still in cache (fused with the transpose into the
-    output buffer) and the bytes are returned as None."""
+    output buffer) and the bytes are returned as None; with ``out`` and ``dest`` too, the compiled
+    encoder (``kernels``), when built, does it all in one pass: row r into column ``dest[r]``."""
     q = q.view(torch.uint8)
     rows, cols = q.shape
     step = max(1, _CHUNK_BYTES // max(cols, 1))
@@ -349,6 +352,11 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str,
             result[first:first + block.shape[0]] = block
 
     exactness = Exactness(values=q.numel())
+    if kernels.AVAILABLE and out is not None and dest is not None:
+        row_max, histogram = kernels.ct_rows(q, _NEURON_MAX_BYTE, out, dest)
+        _count_rounded(histogram, exactness)
+        s, _ = _check_rows(row_max, scale, where)
+        return None, s, exactness
     magnitude = torch.empty((min(step, rows), cols), dtype=torch.uint8)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
@@ -363,10 +371,7 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str,
         # m clamped to 0x10, the amount to subtract is d = ⌈m/2⌉ − (m & m>>1 & 1) = m − round_even(m/2)
         # in the bottom binades (m < 0x10, value m · 2^-9) and 0x08 (the exponent field minus one)
         # from exponent field 2 up
-        clamped = mag.clamp_(max=_BOTTOM_LIMIT)
-        minus = (clamped + 1).bitwise_right_shift_(1)
-        minus.sub_(clamped.bitwise_right_shift(1).bitwise_and_(clamped).bitwise_and_(1))
-        odd = clamped.bitwise_and_(1)  # odd m of the bottom binades: halving rounds them
+        minus, odd = _halving(mag)
         if not bool(halve.all()):
             halved_rows = halve.to(torch.uint8).unsqueeze(1)
             minus.mul_(halved_rows)
@@ -378,6 +383,15 @@ def _neuron_range(q: torch.Tensor, scale: torch.Tensor, where: str,
         place(torch.sub(block, minus, out=minus), start)
     s, _ = _check_rows(row_max, scale, where)
     return result, s, exactness
+
+
+def _halving(mag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(what to subtract from each byte to halve it, 1 where halving rounds it) for the
+    magnitudes ``mag`` (uint8, clobbered)."""
+    clamped = mag.clamp_(max=_BOTTOM_LIMIT)
+    minus = (clamped + 1).bitwise_right_shift_(1)
+    minus.sub_(clamped.bitwise_right_shift(1).bitwise_and_(clamped).bitwise_and_(1))
+    return minus, clamped.bitwise_and_(1)  # odd m of the bottom binades: halving rounds them
 
 
 def _count_rounded(counts: torch.Tensor, exactness: Exactness) -> None:
@@ -393,24 +407,36 @@ def _count_rounded(counts: torch.Tensor, exactness: Exactness) -> None:
 
 def _encode_gate_up(lane: Lane, gate: torch.Tensor, gate_scale: torch.Tensor, up: torch.Tensor,
                     up_scale: torch.Tensor, split: str, padded_i: int, where: str) -> tuple[Exactness, torch.Tensor]:
+    rows = gate.shape[0]
     if split == SPLIT_HALVES:  # gate_proj then up_proj rows are the fused [2I, H], rows interleaved
+        if kernels.AVAILABLE:
+            buffer = lane.buffer
+            _, gate_s, exactness = _neuron_range(gate, gate_scale, f"{where}.gate_proj.weight", out=buffer,
+                                                 dest=kernels.gate_up_destinations(rows, padded_i))
+            _, up_s, up_exactness = _neuron_range(up, up_scale, f"{where}.up_proj.weight", out=buffer,
+                                                  dest=kernels.gate_up_destinations(rows, padded_i, rows))
+            exactness.add(up_exactness)
+            return exactness, chunk_interleaved(torch.cat((gate_s, up_s)), padded_i, 1.0)
         gate, gate_s, exactness = _neuron_range(gate, gate_scale, f"{where}.gate_proj.weight")
         up, up_s, up_exactness = _neuron_range(up, up_scale, f"{where}.up_proj.weight")
         exactness.add(up_exactness)
         place_gate_up(torch.cat((gate, up)), lane.buffer)
         return exactness, chunk_interleaved(torch.cat((gate_s, up_s)), padded_i, 1.0)
     gate_out, up_out = lane.buffer[:, :padded_i], lane.buffer[:, padded_i:]
+    columns = torch.arange(rows, dtype=torch.int64)
     _, gate_s, exactness = _neuron_range(gate, gate_scale, f"{where}.gate_proj.weight",
-                                         lambda block, first: place_down(block, gate_out, first))
+                                         lambda block, first: place_down(block, gate_out, first), lane.buffer, columns)
     _, up_s, up_exactness = _neuron_range(up, up_scale, f"{where}.up_proj.weight",
-                                          lambda block, first: place_down(block, up_out, first))
+                                          lambda block, first: place_down(block, up_out, first), lane.buffer,
+                                          columns + padded_i)
     exactness.add(up_exactness)
     return exactness, chunk_halves(gate_s, up_s, padded_i, 1.0)
 
 
 def _encode_down(lane: Lane, down: torch.Tensor, down_scale: torch.Tensor, where: str) -> tuple[Exactness, torch.Tensor]:
     _, down_s, exactness = _neuron_range(down, down_scale, f"{where}.down_proj.weight",
-                                         lambda block, first: place_down(block, lane.buffer, first))
+                                         lambda block, first: place_down(block, lane.buffer, first), lane.buffer,
+                                         torch.arange(down.shape[0], dtype=torch.int64))
     return exactness, pad_to(down_s, (lane.buffer.shape[1],), 1.0)
 
 

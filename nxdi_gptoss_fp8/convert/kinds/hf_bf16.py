@@ -14,24 +14,14 @@ from typing import Any
 import torch
 
 from ... import format as fmt
-from ...errors import ConversionError
 from ...safeio.safetensors_header import TensorInfo
+from .. import kernels
 from ..fp8 import DenseEncoder, channel_scales, column_amax
-from ..layout import chunk_interleaved, pad_to
+from ..layout import scale_row
 from ..mxfp4 import Exactness
-from ..output import (
-    CHUNK_BYTES,
-    ExpertStats,
-    Lane,
-    Output,
-    Workspace,
-    hf_biases,
-    put_biases,
-    require_finite,
-    stream_experts,
-)
-from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name, non_expert_specs
-from .base import ExpertRows
+from ..output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, require_finite, stream_experts
+from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name
+from .base import ExpertRows, FusedHfKind
 
 __all__ = ["NAME", "HfBf16"]
 
@@ -39,54 +29,32 @@ NAME = "hf-bf16"
 _TILE = 64
 
 
-class HfBf16:
+class HfBf16(FusedHfKind):
     """The HF BF16 source kind (see the module docstring)."""
 
     name = NAME
     description = "HF BF16 (model.layers.N.mlp.experts.gate_up_proj)"
-
-    def recognizes(self, names: set[str]) -> bool:
-        return expert_source_name(0, "gate_up_proj") in names
+    marker, quant_method, tensors_are = "gate_up_proj", None, "dense"
 
     def resolve(self, config: dict[str, Any], dims: fmt.ModelDims, tensors: dict[str, tuple[str, TensorInfo]],
                 config_path: str, options: dict[str, Any]) -> dict[str, Any]:
-        quant = config.get("quantization_config")
-        method = quant.get("quant_method") if isinstance(quant, dict) else None
-        if method is not None:
-            raise ConversionError(
-                f"{config_path}: tensors are dense but quantization_config.quant_method is {method!r}: "
-                "config and weights come from different sets"
-            )
+        self.check_quant_method(config, config_path)
         return {}
 
     def specs(self, dims: fmt.ModelDims, options: dict[str, Any]) -> dict[str, SourceSpec]:
-        specs = non_expert_specs(dims)
         e, h, i = dims.num_local_experts, dims.hidden_size, dims.intermediate_size
-        experts = {
-            "gate_up_proj": (e, h, 2 * i),
-            "gate_up_proj_bias": (e, 2 * i),
-            "down_proj": (e, i, h),
-            "down_proj_bias": (e, h),
-        }
-        for layer in range(dims.num_hidden_layers):
-            for short, shape in experts.items():
-                name = expert_source_name(layer, short)
-                specs[name] = SourceSpec(name, shape, FLOAT_DTYPES)
-        return specs
+        shapes = {"gate_up_proj": (e, h, 2 * i), "gate_up_proj_bias": (e, 2 * i), "down_proj": (e, i, h),
+                  "down_proj_bias": (e, h)}
+        return self.fused_specs(dims, {short: (shape, FLOAT_DTYPES) for short, shape in shapes.items()})
 
-    def convert_experts(self, reader: SourceReader, layer: int, out: Output, layout: fmt.Layout,
-                        workspace: Workspace) -> list[ExpertStats]:
-        put_biases(out, layer, *hf_biases(reader, layer), layout)
-        return [_projection(reader, layer, proj, out, layout, workspace) for proj in (fmt.GATE_UP, fmt.DOWN)]
+    @staticmethod
+    def projection(*args: Any) -> ExpertStats:
+        return _projection(*args)
 
     def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> ExpertRows:
         short = "gate_up_proj" if proj == fmt.GATE_UP else "down_proj"
         rows = reader.slice(expert_source_name(layer, short))[expert].t()  # [2I, H] or [H, I], as stored
         return _DenseRows(rows, tuple(rows.shape), torch.float32)
-
-    def reference_biases(self, reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return hf_biases(reader, layer)
-
 
 class _DenseRows(ExpertRows):
     """Source rows [out, in] of an expert stored input-dim first: each block of rows is a
@@ -120,10 +88,24 @@ def _encode_expert(lane: Lane, weight: torch.Tensor, proj: str, padded_i: int, p
                    where: str) -> tuple[Exactness, torch.Tensor]:
     """Quantize one dense expert (gate_up [H, 2I], interleaved columns; down [I, H]) into
     ``lane.buffer`` [in', out'] with amax/240 channel scales; returns its exactness and scale row."""
-    amax, finite = column_amax(weight)
+    compiled = kernels.AVAILABLE and weight.dtype == torch.bfloat16
+    if compiled:
+        bits = kernels.bf16_amax(weight)
+        amax, finite = bits.view(torch.bfloat16).float(), not bool((bits >= 0x7F80).any())
+    else:
+        amax, finite = column_amax(weight)
     if not finite:
         require_finite(weight, path, where)
     scale = channel_scales(amax)
+    result = _Requantized()
+    if compiled:
+        cols = weight.shape[1]
+        dest = (kernels.gate_up_destinations(cols, padded_i) if proj == fmt.GATE_UP
+                else torch.arange(cols, dtype=torch.int64))
+        kept, inexact, nonzero, worst, rel_sum = kernels.bf16_encode(weight, scale, lane.buffer, dest)
+        result.values, result.inexact, result.flushed_to_zero = weight.numel(), inexact, nonzero - kept
+        result.max_rel_error, result.nonzero, result.rel_sum = worst, kept, rel_sum
+        return result, scale_row(scale, proj == fmt.GATE_UP, padded_i, lane.buffer.shape[1])
     encoder: DenseEncoder = lane.tools
     if proj == fmt.GATE_UP:
         half = weight.shape[1] // 2
@@ -140,12 +122,9 @@ def _encode_expert(lane: Lane, weight: torch.Tensor, proj: str, padded_i: int, p
             columns[first:first + block.shape[0]].copy_(block)
 
     error = encoder.encode(weight, scale, place)
-    result = _Requantized()
     result.values, result.inexact, result.flushed_to_zero = error.values, error.inexact, error.flushed_to_zero
     result.max_rel_error, result.nonzero, result.rel_sum = error.max_rel_error, error.nonzero, error.rel_sum
-    if proj == fmt.GATE_UP:
-        return result, chunk_interleaved(scale, padded_i, 1.0)
-    return result, pad_to(scale, (lane.buffer.shape[1],), 1.0)
+    return result, scale_row(scale, proj == fmt.GATE_UP, padded_i, lane.buffer.shape[1])
 
 
 def _projection(reader: SourceReader, layer: int, proj: str, out: Output, layout: fmt.Layout,

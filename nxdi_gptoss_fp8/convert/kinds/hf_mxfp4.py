@@ -16,11 +16,11 @@ import torch
 from ... import format as fmt
 from ...errors import ConversionError
 from ...safeio.safetensors_header import TensorInfo
-from .. import mxfp4
-from ..layout import chunk_interleaved, pad_to, place_down, place_gate_up
-from ..output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, hf_biases, put_biases, stream_experts
-from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name, non_expert_specs
-from .base import ExpertRows
+from .. import kernels, mxfp4
+from ..layout import place_down, place_gate_up, scale_row
+from ..output import CHUNK_BYTES, ExpertStats, Lane, Output, Workspace, stream_experts
+from ..source import FLOAT_DTYPES, SourceReader, SourceSpec, expert_source_name
+from .base import ExpertRows, FusedHfKind
 
 __all__ = ["ENCODE_ROWS", "NAME", "HfMxfp4"]
 
@@ -28,60 +28,41 @@ NAME = "hf-mxfp4"
 ENCODE_ROWS = 1024
 
 
-class HfMxfp4:
+class HfMxfp4(FusedHfKind):
     """The HF MXFP4 source kind (see the module docstring)."""
 
     name = NAME
     description = "HF MXFP4 (model.layers.N.mlp.experts.gate_up_proj_blocks/_scales)"
-
-    def recognizes(self, names: set[str]) -> bool:
-        return expert_source_name(0, "gate_up_proj_blocks") in names
+    marker, quant_method, tensors_are = "gate_up_proj_blocks", "mxfp4", "MXFP4 (…_blocks/_scales)"
 
     def resolve(self, config: dict[str, Any], dims: fmt.ModelDims, tensors: dict[str, tuple[str, TensorInfo]],
                 config_path: str, options: dict[str, Any]) -> dict[str, Any]:
-        quant = config.get("quantization_config")
-        method = quant.get("quant_method") if isinstance(quant, dict) else None
-        if method != "mxfp4":
-            raise ConversionError(
-                f"{config_path}: tensors are MXFP4 (…_blocks/_scales) but quantization_config.quant_method is "
-                f"{method!r}, not 'mxfp4': config and weights come from different sets"
-            )
+        self.check_quant_method(config, config_path)
         for label, size in (("hidden_size", dims.hidden_size), ("intermediate_size", dims.intermediate_size)):
             if size % mxfp4.BLOCK_SIZE:
                 raise ConversionError(f"{config_path}: {label}={size} is not a multiple of the MXFP4 block size 32")
         return {}
 
     def specs(self, dims: fmt.ModelDims, options: dict[str, Any]) -> dict[str, SourceSpec]:
-        specs = non_expert_specs(dims)
         e, h, i, b = dims.num_local_experts, dims.hidden_size, dims.intermediate_size, mxfp4.BLOCK_SIZE
-        experts = {
+        return self.fused_specs(dims, {
             "gate_up_proj_blocks": ((e, 2 * i, h // b, b // 2), ("U8",)),
             "gate_up_proj_scales": ((e, 2 * i, h // b), ("U8",)),
             "gate_up_proj_bias": ((e, 2 * i), FLOAT_DTYPES),
             "down_proj_blocks": ((e, h, i // b, b // 2), ("U8",)),
             "down_proj_scales": ((e, h, i // b), ("U8",)),
             "down_proj_bias": ((e, h), FLOAT_DTYPES),
-        }
-        for layer in range(dims.num_hidden_layers):
-            for short, (shape, dtypes) in experts.items():
-                name = expert_source_name(layer, short)
-                specs[name] = SourceSpec(name, shape, dtypes)
-        return specs
+        })
 
-    def convert_experts(self, reader: SourceReader, layer: int, out: Output, layout: fmt.Layout,
-                        workspace: Workspace) -> list[ExpertStats]:
-        put_biases(out, layer, *hf_biases(reader, layer), layout)
-        return [_projection(reader, layer, proj, out, layout, workspace) for proj in (fmt.GATE_UP, fmt.DOWN)]
+    @staticmethod
+    def projection(*args: Any) -> ExpertStats:
+        return _projection(*args)
 
     def reference_rows(self, reader: SourceReader, layer: int, proj: str, expert: int) -> ExpertRows:
         short = "gate_up_proj" if proj == fmt.GATE_UP else "down_proj"
         blocks = reader.slice(expert_source_name(layer, f"{short}_blocks"))[expert]
         scales = reader.slice(expert_source_name(layer, f"{short}_scales"))[expert]
         return _DecodedRows(blocks, scales)
-
-    def reference_biases(self, reader: SourceReader, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return hf_biases(reader, layer)
-
 
 class _DecodedRows(ExpertRows):
     """MXFP4 rows through ``mxfp4.decode`` (a value table and a power of two: shares nothing
@@ -105,6 +86,12 @@ def _encode_expert(lane: Lane, blocks: torch.Tensor, scales: torch.Tensor, proj:
             f"{where} holds scale byte {largest} (above {mxfp4.MAX_SCALE_BYTE}: NaN or beyond float32/BF16 "
             "range): corrupt source"
         )
+    if kernels.AVAILABLE and blocks.is_contiguous() and scales.is_contiguous():
+        rows = scales.shape[0]
+        dest = (kernels.gate_up_destinations(rows, lane.buffer.shape[1] // 2) if proj == fmt.GATE_UP
+                else torch.arange(rows, dtype=torch.int64))
+        exponents, exactness = kernels.mxfp4_expert(blocks, scales, lane.buffer, dest)
+        return exactness, scale_row(mxfp4.scale_values(exponents), proj == fmt.GATE_UP, padded_i, lane.buffer.shape[1])
     encoder: mxfp4.ExpertEncoder = lane.tools
     rows = scales.shape[0]
     exponents = torch.empty(rows, dtype=torch.int32)
@@ -117,9 +104,7 @@ def _encode_expert(lane: Lane, blocks: torch.Tensor, scales: torch.Tensor, proj:
         place(encoder.encode(part_blocks, part_scales, t), lane.buffer, start)
         exactness.add(mxfp4.exactness(part_blocks, part_scales, t))
         exponents[start:stop] = t
-    if proj == fmt.GATE_UP:
-        return exactness, chunk_interleaved(mxfp4.scale_values(exponents), padded_i, 1.0)
-    return exactness, pad_to(mxfp4.scale_values(exponents), (lane.buffer.shape[1],), 1.0)
+    return exactness, scale_row(mxfp4.scale_values(exponents), proj == fmt.GATE_UP, padded_i, lane.buffer.shape[1])
 
 
 def _projection(reader: SourceReader, layer: int, proj: str, out: Output, layout: fmt.Layout,
