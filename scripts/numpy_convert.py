@@ -11,7 +11,9 @@ source name, byte for byte (the sources the benchmark makes are BF16 already).
 E4M3 rounding is done in float64 arithmetic: a value's quantum is 2^(e − 3) for its binade e
 (at least 2^-9, E4M3's subnormal step), ``numpy.rint`` rounds the multiple to nearest even, the
 magnitude saturates at 240, and the byte is the rounded value's position among the 121 E4M3
-magnitudes from 0 to 240, with the sign bit of the input (so −0 stays 0x80).
+magnitudes from 0 to 240, with the sign bit of the input (so −0 stays 0x80). MXFP4 and
+compressed-tensors go through lookup tables built by that rounding (a (block offset, packed
+byte) table; a 256-entry halving table); BF16 values are rounded one by one.
 
     python scripts/numpy_convert.py SRC OUT_FILE [--kind hf-mxfp4|hf-bf16|compressed-tensors-fp8]
 
