@@ -11,7 +11,9 @@ source name, byte for byte (the sources the benchmark makes are BF16 already).
 E4M3 rounding is done in float64 arithmetic: a value's quantum is 2^(e − 3) for its binade e
 (at least 2^-9, E4M3's subnormal step), ``numpy.rint`` rounds the multiple to nearest even, the
 magnitude saturates at 240, and the byte is the rounded value's position among the 121 E4M3
-magnitudes from 0 to 240, with the sign bit of the input (so −0 stays 0x80).
+magnitudes from 0 to 240, with the sign bit of the input (so −0 stays 0x80). MXFP4 and
+compressed-tensors go through lookup tables built by that rounding (a (block offset, packed
+byte) table; a 256-entry halving table); BF16 values are rounded one by one.
 
     python scripts/numpy_convert.py SRC OUT_FILE [--kind hf-mxfp4|hf-bf16|compressed-tensors-fp8]
 
@@ -145,6 +147,15 @@ def chunked(values: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- the three encoders
 
 
+OFFSETS = (-24, 12)  # block offsets d tabulated; below, every code rounds to ±0; above, only zeros occur
+_BYTES = np.arange(256)
+# per (offset d, packed byte): its two E4M3 bytes as one little-endian uint16 (low nibble first)
+PAIR_TABLE = np.stack([
+    to_e4m3(FP4[_BYTES & 0x0F] * 2.0 ** d).astype(np.uint16) | (to_e4m3(FP4[_BYTES >> 4] * 2.0 ** d).astype(np.uint16) << 8)
+    for d in range(OFFSETS[0], OFFSETS[1] + 1)]).astype("<u2")
+TOP_CODE = np.maximum(_BYTES & 7, (_BYTES >> 4) & 7)  # the larger magnitude code of a packed byte
+
+
 def mxfp4_expert(blocks: np.ndarray, scales: np.ndarray, gate_up: bool, out: np.ndarray) -> np.ndarray:
     """HF MXFP4 rows [R, K/32, 16] (+ E8M0 scales [R, K/32]) → ``out`` [K, R] input dim first
     (gate_up: rows interleaved, into [gate | up]); power-of-two channel scales 2^t putting each
@@ -155,16 +166,15 @@ def mxfp4_expert(blocks: np.ndarray, scales: np.ndarray, gate_up: bool, out: np.
     rows = scales.shape[0]
     t = np.zeros(rows, dtype=np.int64)
     for first in range(0, rows, STEP):
-        part_scales = scales[first:first + STEP].astype(np.float64)
+        part_scales = scales[first:first + STEP].astype(np.int64)
         part = blocks[first:first + STEP]
-        codes = np.stack((part & 0x0F, part >> 4), axis=-1).reshape(part.shape[0], part.shape[1], 32)
-        values = FP4[codes] * np.exp2(part_scales - 127.0)[..., None]  # exact in float64
-        values = values.reshape(part.shape[0], -1)
-        largest = np.abs(values).max(axis=1)
+        block_max = np.abs(FP4[TOP_CODE[part].max(axis=-1)]) * np.exp2(part_scales - 127.0)  # exact
+        largest = block_max.max(axis=1)
         _, exponent = np.frexp(largest)
         channel = np.where(largest > 0, np.clip(exponent - 1 - 7, -126, 127), 0)
         t[first:first + STEP] = channel
-        encoded = to_e4m3(values * np.exp2(-channel.astype(np.float64))[:, None])
+        offsets = np.clip(part_scales - 127 - channel[:, None], *OFFSETS) - OFFSETS[0]
+        encoded = PAIR_TABLE[offsets[..., None], part].view(np.uint8).reshape(part.shape[0], -1)
         if gate_up:
             half = out.shape[1] // 2
             out[:, first // 2:(first + part.shape[0]) // 2] = encoded[0::2].T
@@ -205,20 +215,24 @@ def ct_into(q: np.ndarray, scale_bits: np.ndarray, out: np.ndarray) -> np.ndarra
         part = q[first:first + STEP]
         if ((part & 0x7F) == 0x7F).any():
             raise ValueError("a NaN byte in a compressed-tensors weight")
-        values = e4m3_values(part)
-        too_big = np.abs(values).max(axis=1) > NEURON_MAX
+        magnitude = (part & 0x7F).max(axis=1)  # E4M3 bytes order like their magnitudes
+        too_big = magnitude > 0x77  # format.md: an exponent field of all ones is beyond 240 (0x77)
         part_scale = scale[first:first + STEP]
-        nonzero = np.abs(values).max(axis=1) > 0
+        nonzero = magnitude > 0
         good = np.isfinite(part_scale) & (part_scale >= np.float32(2.0 ** -126))
         if not good[nonzero].all():
             raise ValueError("a weight_scale that is not a normal, finite, positive float32")
         encoded = part.copy()
         if too_big.any():
-            encoded[too_big] = to_e4m3(values[too_big] / 2.0)
+            encoded[too_big] = HALVED[part[too_big]]
         out[:, first:first + part.shape[0]] = encoded.T
         part_scale = np.where(good, part_scale, np.float32(1.0))
         result[first:first + part.shape[0]] = np.where(too_big, part_scale * np.float32(2.0), part_scale)
     return result
+
+
+# every byte halved (NaN's magnitude, refused above, mapped anywhere)
+HALVED = to_e4m3(np.where((_BYTES & 0x7F) == 0x7F, 0.0, e4m3_values(_BYTES.astype(np.uint8))) / 2.0)
 
 
 # --------------------------------------------------------------------------- the converter
