@@ -21,6 +21,7 @@ import torch
 from .. import format as fmt
 from ..errors import LoadError
 from ..padding import TARGETS, ConversionTarget
+from ..units import plural
 
 __all__ = ["PLUGIN_TARGET", "PluginExperts", "plugin_experts"]
 
@@ -89,7 +90,7 @@ def plugin_experts(stored: Mapping[str, torch.Tensor], dims: fmt.ModelDims, laye
     missing = [name for name in (f"{gate_up_name}.weight", f"{gate_up_name}.scale", f"{gate_up_name}.bias",
                                  f"{down_name}.weight", f"{down_name}.scale", f"{down_name}.bias") if name not in stored]
     if missing:
-        raise LoadError(f"{missing[0]}: not in the tensors given for layer {layer} ({len(missing)} expert tensors "
+        raise LoadError(f"{missing[0]}: not in the tensors given for layer {layer} ({plural(len(missing), 'expert tensor')} "
                         "missing); pass every tensor of a normalized checkpoint (loader.load_state_dict)")
     gate_up, down = stored[f"{gate_up_name}.weight"], stored[f"{down_name}.weight"]
     experts, hp, two_ip = gate_up.shape
@@ -97,7 +98,7 @@ def plugin_experts(stored: Mapping[str, torch.Tensor], dims: fmt.ModelDims, laye
     h, i = dims.hidden_size, dims.intermediate_size
     if experts != dims.num_local_experts or tuple(down.shape) != (experts, ip, hp) or hp < h or ip < i:
         raise LoadError(f"{gate_up_name}.weight: shape {list(gate_up.shape)} (down {list(down.shape)}) is not a "
-                        f"normalized checkpoint's for {experts} experts, H={h}, I={i}; validate the checkpoint")
+                        f"normalized checkpoint's for {plural(experts, 'expert')}, H={h}, I={i}; validate the checkpoint")
     want_h, want_i = (hp, ip) if target is None else (target.padded_hidden_size, target.padded_intermediate_size)
     if target is not None and (hp > want_h or ip > want_i):
         raise LoadError(f"{gate_up_name}.weight: padded to H'={hp}, I'={ip}, beyond the {target.name} target's "
