@@ -116,11 +116,8 @@ CONFIGURATIONS = configurations()
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[SimpleNamespace]:
-    src = vllm_standin.source()
-    if src is None:
-        pytest.skip(f"{vllm_standin.SRC_ENV} is not set (a checkout of vllm-project/vllm-neuron at a release tag)")
-    with clients.real_nxdi() as nxdi, vllm_standin.loader(src) as loader:
-        yield SimpleNamespace(nxdi=nxdi, loader=loader, device=nxdi.device)
+    with clients.vllm_stack() as started:
+        yield started
 
 
 @pytest.fixture(autouse=True)

@@ -77,6 +77,19 @@ def real_nxdi() -> Iterator[SimpleNamespace]:
 
 
 @contextlib.contextmanager
+def vllm_stack() -> Iterator[SimpleNamespace]:
+    """vllm-neuron from ``VLLM_NEURON_SRC`` over ``real_nxdi`` (skips without a checkout): its
+    loader, NxDI and the stood-in device, as the client tests drive a start."""
+    import vllm_standin  # imports torch: only the client tests that start vLLM need it
+
+    src = vllm_standin.source()
+    if src is None:
+        pytest.skip(f"{vllm_standin.SRC_ENV} is not set (a checkout of vllm-project/vllm-neuron at a release tag)")
+    with real_nxdi() as nxdi, vllm_standin.loader(src) as loader:
+        yield SimpleNamespace(nxdi=nxdi, loader=loader, device=nxdi.device)
+
+
+@contextlib.contextmanager
 def restored_environ() -> Iterator[None]:
     """os.environ as it was (NxDI's load sets runtime variables; the recipes export theirs)."""
     saved = dict(os.environ)
@@ -88,4 +101,4 @@ def restored_environ() -> Iterator[None]:
 
 
 __all__ = ["CLIENT_STUBBED", "DEMO_RECIPE", "PYTHON_RECIPE", "RECIPE_MODEL", "RECIPE_PADDED", "SERVING_PAGE", "VLLM_RECIPE",
-           "real_nxdi", "recipe_block", "restored_environ", "shell_commands", "substitute"]
+           "real_nxdi", "recipe_block", "restored_environ", "shell_commands", "substitute", "vllm_stack"]
