@@ -47,7 +47,7 @@ KERNELS = Extension("nxdi_gptoss_fp8.convert._kernels", sources=["nxdi_gptoss_fp
 
 setup(
     name="nxdi-gptoss-fp8",
-    version="0.5.0",
+    version="0.6.0",
     description="Fail-closed validation, zero-copy loading and conversion of normalized static-FP8 "
     "GPT-OSS checkpoints for AWS NeuronX Distributed Inference",
     long_description=long_description(),
