@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from corpus import CASES, Bases, Options, corpus
+from corpus import CASES, Bases, Options, case_builder
 
 from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
@@ -40,17 +40,7 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
 @pytest.fixture(scope="session")
 def built(bases: Bases, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Options]]:
     """Build each case once per session (the checks below only read it)."""
-    builders = {name: build for name, _, build in corpus(bases)}
-    root = tmp_path_factory.mktemp("corpus")
-    cache: dict[str, tuple[Path, Options]] = {}
-
-    def get(name: str) -> tuple[Path, Options]:
-        if name not in cache:
-            path = root / name
-            cache[name] = (path, builders[name](path))
-        return cache[name]
-
-    return get
+    return case_builder(bases, tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from corpus import CASES, Bases, Options, corpus
+from corpus import CASES, Bases, Options, case_builder
 from hub_server import Fault, HubServer, Repo, endpoint_settings
 
 from nxdi_gptoss_fp8 import format as fmt
@@ -100,9 +100,7 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
 
 @pytest.fixture(scope="module")
 def built(bases: Bases, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Options]]:
-    builders = {name: build for name, _, build in corpus(bases)}
-    root = tmp_path_factory.mktemp("hub-corpus")
-    return lambda name: (root / name, builders[name](root / name))
+    return case_builder(bases, tmp_path_factory.mktemp("hub-corpus"))
 
 
 @pytest.mark.parametrize("name", HUB_CASES)

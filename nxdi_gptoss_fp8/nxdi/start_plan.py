@@ -227,8 +227,6 @@ def wrong_format_hint(path: str) -> str | None:
     """When ``path`` is another kind of checkpoint (HF, legacy, compressed-tensors, compiled
     NxDI output, ...), one line naming it and what to do instead; None when it looks normalized
     or unknown (then the findings speak for themselves)."""
-    if not isinstance(path, (str, os.PathLike)):
-        return None  # a Hub repo's reader: the verdict's own recognition (from the preflight's view) names it
     recognition = recognize(path)
     if not recognition.known or recognition.kind == NORMALIZED:
         return None
@@ -274,7 +272,9 @@ def _checkpoint(inputs: StartInputs) -> CheckpointVerdict:
                                  allow_custom_model=allow_custom_from_env(inputs.environ))
     if not verdict.report.ok:
         inputs.results["checkpoint"] = verdict  # what a caller reading the refusal needs (what the directory is)
-        raise PreflightError(verdict.report, hint=wrong_format_hint(path) or vllm_hint(verdict.report, path))
+        local = isinstance(path, (str, os.PathLike))  # else a Hub repo's reader (doctor): its verdict names the kind
+        raise PreflightError(verdict.report, hint=(wrong_format_hint(path) or vllm_hint(verdict.report, path)) if local
+                             else None)
     return verdict
 
 

@@ -249,6 +249,19 @@ def case(name: str, check: str, *, code: str, base: str = "tiny", sync: bool = T
     return register
 
 
+def case_builder(bases: Bases, root: Path) -> Callable[[str], tuple[Path, Options]]:
+    """A getter building each corpus case once, on first use, as ``root/NAME`` (the tests only read it)."""
+    builders = {name: build for name, _, build in corpus(bases)}
+    cache: dict[str, tuple[Path, Options]] = {}
+
+    def get(name: str) -> tuple[Path, Options]:
+        if name not in cache:
+            cache[name] = (root / name, builders[name](root / name))
+        return cache[name]
+
+    return get
+
+
 def corpus(bases: Bases) -> Iterator[tuple[str, str, Builder]]:
     """Yield ``(name, expected_check, builder)`` for every case."""
     for entry in CASES:
