@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -38,3 +40,29 @@ def tiny_padded_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_checkpoint(tiny_template: Path, tmp_path: Path) -> Path:
     """A private, writable copy of the tiny checkpoint."""
     return Path(shutil.copytree(tiny_template, tmp_path / "ckpt"))
+
+
+@pytest.fixture(scope="session")
+def bases(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The valid checkpoints the adversarial corpus mutates (``support/corpus.py``: ``Bases``), made once."""
+    from corpus import Bases  # support/ is on sys.path from here on
+
+    return Bases.create(tmp_path_factory.mktemp("corpus-bases"))
+
+
+@pytest.fixture(scope="session")
+def built(bases: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Each corpus case built once per session, on first use (``corpus.case_builder``; the tests only read it)."""
+    from corpus import case_builder
+
+    return case_builder(bases, tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Any]:
+    """The client tests' vLLM start: vllm-neuron from ``VLLM_NEURON_SRC`` over NxDI from
+    ``NXDI_SRC``, compiler and device stood in (``clients.vllm_stack``; skips without them)."""
+    import clients  # support/: the client tests alone need it (it stubs Neuron packages)
+
+    with clients.vllm_stack() as started:
+        yield started

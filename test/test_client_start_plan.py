@@ -114,12 +114,6 @@ def configurations(count: int = COUNT, seed: int = SEED) -> list[Start]:
 CONFIGURATIONS = configurations()
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[SimpleNamespace]:
-    with clients.vllm_stack() as started:
-        yield started
-
-
 @pytest.fixture(autouse=True)
 def isolated(stack: SimpleNamespace, tmp_path: Path) -> Iterator[None]:
     """NxDI's target and compiler work directory, as the client tests set them; the device's record cleared."""

@@ -45,12 +45,6 @@ RECIPE_TIKTOKEN = "/data/tiktoken"
 RECOMPILING = "Recompiling"
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[SimpleNamespace]:
-    with clients.vllm_stack() as started:
-        yield started
-
-
 @pytest.fixture(autouse=True)
 def isolated(stack: SimpleNamespace, tmp_path: Path) -> Iterator[None]:
     with clients.restored_environ():

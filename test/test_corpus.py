@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from corpus import CASES, Bases, Options, case_builder
+from corpus import CASES, Bases, Options
 
 from nxdi_gptoss_fp8 import cli
 from nxdi_gptoss_fp8 import format as fmt
@@ -30,17 +30,6 @@ CODES = {entry.name: entry.code for entry in CASES}
 CHECK_CODES = {entry.name: {entry.code, *entry.also} for entry in CASES}
 WARNING_CASES = [entry for entry in CASES if entry.warning]
 HAS_LOADER = importlib.util.find_spec("nxdi_gptoss_fp8.loader") is not None
-
-
-@pytest.fixture(scope="session")
-def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
-    return Bases.create(tmp_path_factory.mktemp("corpus-bases"))
-
-
-@pytest.fixture(scope="session")
-def built(bases: Bases, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Options]]:
-    """Build each case once per session (the checks below only read it)."""
-    return case_builder(bases, tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(autouse=True)

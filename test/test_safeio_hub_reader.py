@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from corpus import CASES, Bases, Options, case_builder
+from corpus import CASES, Options
 from hub_server import Fault, HubServer, Repo, endpoint_settings
 
 from nxdi_gptoss_fp8 import format as fmt
@@ -91,16 +91,6 @@ def _codes(report: Any) -> list[tuple[str, str, str | None, str | None]]:
 
 
 # --------------------------------------------------------------------------- the same preflight
-
-
-@pytest.fixture(scope="module")
-def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
-    return Bases.create(tmp_path_factory.mktemp("hub-corpus-bases"))
-
-
-@pytest.fixture(scope="module")
-def built(bases: Bases, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Options]]:
-    return case_builder(bases, tmp_path_factory.mktemp("hub-corpus"))
 
 
 @pytest.mark.parametrize("name", HUB_CASES)
